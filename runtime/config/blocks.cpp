@@ -1,0 +1,519 @@
+// Every block of ds_config.json except zero_optimization (zero_block.cpp): its keys, ranges,
+// "auto" rules and aliases, written once as a visit() over a Reader or a Writer; then
+// parse_config() and effective_config_json(), which drive those visits.
+#include <algorithm>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "runtime/config/batch.hpp"
+#include "runtime/config/config.hpp"
+#include "runtime/config/json_io.hpp"
+
+namespace zero::config {
+namespace detail {
+namespace {
+
+// ---- choice tables ------------------------------------------------------------------------------
+
+constexpr Choice<std::optional<Precision>> kCommTypes[] = {
+    {"fp32", Precision::fp32},     {"float32", Precision::fp32}, {"float", Precision::fp32},
+    {"fp16", Precision::fp16},     {"float16", Precision::fp16}, {"half", Precision::fp16},
+    {"bf16", Precision::bf16},     {"bfloat16", Precision::bf16},
+};
+
+constexpr Choice<OptimizerType> kOptimizerTypes[] = {
+    {"AdamW", OptimizerType::AdamW},
+    {"Adam", OptimizerType::Adam},
+};
+
+// Index into Scheduler::params' variant.
+constexpr Choice<int> kSchedulerTypes[] = {
+    {"WarmupLR", 1}, {"WarmupDecayLR", 2}, {"WarmupCosineLR", 3}, {"OneCycle", 4}, {"LRRangeTest", 5},
+};
+
+constexpr Choice<WarmupType> kWarmupTypes[] = {
+    {"log", WarmupType::log},
+    {"linear", WarmupType::linear},
+};
+
+constexpr Choice<std::optional<DeviceKind>> kDevices[] = {
+    {"auto", std::nullopt},
+    {"cpu", DeviceKind::cpu},
+    {"cuda", DeviceKind::cuda},
+};
+
+// Top-level DeepSpeed features zero-train does not use: one "ignored" warning each.
+constexpr std::string_view kIgnoredFeatures[] = {
+    "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger",
+    "monitor_config", "elasticity", "autotuning", "data_efficiency", "curriculum_learning",
+    "checkpoint", "data_types", "compile", "pipeline", "amp", "sparse_attention",
+    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "memory_breakdown",
+    "dump_state", "sparse_gradients", "nebula", "compression_training", "hybrid_engine",
+    "eigenvalue", "progressive_layer_drop", "quantize_training", "weight_quantization", "timers",
+    "dataloader_drop_last", "disable_allgather", "fp32_allreduce", "graph_harvesting",
+    "use_data_before_expert_parallelism", "seq_parallel_communication_data_type",
+    "torch_autocast", "vocabulary_size", "tensor_parallel", "expert_parallel",
+};
+
+// ---- precision ----------------------------------------------------------------------------------
+
+template <class Io>
+void visit(Io& io, Fp16& f) {
+  io.key("enabled", f.enabled, {.auto_value = false});  // see resolve_precision()
+  io.key("auto_cast", f.auto_cast, {.not_implemented = true});
+  io.key("loss_scale", f.loss_scale, {.min = 0});
+  io.key("initial_scale_power", f.initial_scale_power, {.min = 0, .max = 64});
+  io.key("loss_scale_window", f.loss_scale_window, {.min = 1});
+  io.key("hysteresis", f.hysteresis, {.min = 1});
+  io.key("consecutive_hysteresis", f.consecutive_hysteresis);
+  io.key("min_loss_scale", f.min_loss_scale, {.min = 0, .min_open = true});
+  io.key("fp16_master_weights_and_grads", f.fp16_master_weights_and_grads,
+         {.not_implemented = true});
+}
+
+template <class Io>
+void visit(Io& io, Bf16& b) {
+  io.key("enabled", b.enabled, {.auto_value = false});  // see resolve_precision()
+  io.key("immediate_grad_update", b.immediate_grad_update, {.not_implemented = true});
+  io.key("check_grad_overflow", b.check_grad_overflow, {.not_implemented = true});
+}
+
+// fp16/bf16 "enabled": "auto" means bf16 where supported, else fp32. An explicit value in the
+// other block wins: fp16 true keeps fp16; bf16 true or false is kept as written.
+void resolve_precision(Session& s, Config& c) {
+  const Source f = s.source("fp16.enabled");
+  Source b = s.source("bf16.enabled");
+  if (b == Source::absent) b = s.source("bfloat16.enabled");
+  if (f != Source::auto_value && b != Source::auto_value) return;
+  if (f == Source::value && c.fp16.enabled) return;
+  if (b == Source::value) return;
+  c.fp16.enabled = false;
+  c.bf16.enabled = s.env.bf16_supported;
+}
+
+// ---- optimizer ----------------------------------------------------------------------------------
+
+template <class Io>
+void visit(Io& io, AdamParams& a, OptimizerType type) {
+  const AdamParams defaults;  // what "auto" means: the defaults (lr: the --lr flag first)
+  io.key("lr", a.lr,
+         {.min = 0, .auto_value = defaults.lr, .flag = &io.env().lr_flag, .flag_name = "--lr"});
+  io.key("betas", a.betas, {.min = 0, .max = 1, .max_open = true, .auto_value = defaults.betas});
+  io.key("eps", a.eps, {.min = 0, .min_open = true, .auto_value = defaults.eps});
+  io.key("weight_decay", a.weight_decay, {.min = 0, .auto_value = defaults.weight_decay});
+  io.key("bias_correction", a.bias_correction);
+  io.key("adam_w_mode", a.adam_w_mode);
+  io.key("amsgrad", a.amsgrad);
+  io.key("torch_adam", a.torch_adam, {.not_implemented = true});
+  if constexpr (Io::reading) {
+    if (a.amsgrad)
+      io.error("amsgrad", "true is not supported (zero-train implements Adam/AdamW without "
+                          "AMSGrad); set it to false or remove it");
+    if (type == OptimizerType::AdamW && !a.adam_w_mode) {
+      io.warn("adam_w_mode", "false is overridden: optimizer type AdamW always uses decoupled "
+                             "weight decay (use type Adam for L2 regularisation)");
+      a.adam_w_mode = true;
+    }
+  }
+}
+
+template <class Io>
+void visit(Io& io, Optimizer& o) {
+  io.choice("type", o.type, kOptimizerTypes,
+            {.case_insensitive = true,
+             .required = io.given(),
+             .hint = "other DeepSpeed optimizers (Lamb, OneBitAdam, SGD, Adagrad, ...) are not "
+                     "supported by zero-train"});
+  io.block("params", o.params, [&o](auto& p, AdamParams& a) { visit(p, a, o.type); });
+  io.key("legacy_fusion", o.legacy_fusion, {.not_implemented = true});
+}
+
+// ---- scheduler ----------------------------------------------------------------------------------
+
+template <class Io>
+void visit_schedule(Io&, std::monostate&, const Config&) {}
+
+template <class Io>
+void visit_schedule(Io& io, WarmupLR& p, const Config& c) {
+  io.key("warmup_min_lr", p.warmup_min_lr, {.min = 0, .auto_value = 0.0});
+  io.key("warmup_max_lr", p.warmup_max_lr,
+         {.min = 0, .auto_later = [&c] { return c.optimizer.params.lr; }});
+  io.key("warmup_num_steps", p.warmup_num_steps,
+         {.min = 0,
+          .auto_value = 0LL,
+          .flag = &io.env().warmup_steps_flag,
+          .flag_name = "--warmup-steps"});
+  io.choice("warmup_type", p.warmup_type, kWarmupTypes);
+  io.key("last_batch_iteration", p.last_batch_iteration, {.min = -1});
+}
+
+// The job's steps, for "total_num_steps": "auto".
+std::function<long long()> job_steps(const Config& c) {
+  return [&c] { return c.ours.steps; };
+}
+
+template <class Io>
+void warn_total_below_warmup(Io& io, const long long& total, const long long& warmup) {
+  if constexpr (Io::reading) {
+    // After the deferred "auto" values: total_num_steps may be one of them.
+    io.session().deferred.push_back([&io_session = io.session(), at = io.path_of("total_num_steps"),
+                                     &total, &warmup] {
+      if (total < warmup)
+        io_session.warn(at, std::to_string(total) + " is less than warmup_num_steps " +
+                                std::to_string(warmup) + ": the schedule never leaves warmup");
+    });
+  }
+}
+
+template <class Io>
+void visit_schedule(Io& io, WarmupDecayLR& p, const Config& c) {
+  visit_schedule(io, static_cast<WarmupLR&>(p), c);
+  io.key("total_num_steps", p.total_num_steps,
+         {.min = 1, .auto_later = job_steps(c), .required = true});
+  warn_total_below_warmup(io, p.total_num_steps, p.warmup_num_steps);
+}
+
+template <class Io>
+void visit_schedule(Io& io, WarmupCosineLR& p, const Config& c) {
+  io.key("total_num_steps", p.total_num_steps,
+         {.min = 1, .auto_later = job_steps(c), .required = true});
+  io.key("warmup_min_ratio", p.warmup_min_ratio, {.min = 0, .max = 1});
+  io.key("warmup_num_steps", p.warmup_num_steps,
+         {.min = 0,
+          .auto_value = 0LL,
+          .flag = &io.env().warmup_steps_flag,
+          .flag_name = "--warmup-steps"});
+  io.key("cos_min_ratio", p.cos_min_ratio, {.min = 0, .max = 1});
+  io.choice("warmup_type", p.warmup_type, kWarmupTypes);
+  io.key("last_batch_iteration", p.last_batch_iteration, {.min = -1});
+  warn_total_below_warmup(io, p.total_num_steps, p.warmup_num_steps);
+}
+
+template <class Io>
+void visit_schedule(Io& io, OneCycle& p, const Config&) {
+  bool second_step_given = true, second_stair_given = true;
+  if constexpr (Io::reading) {
+    second_step_given = io.find("cycle_second_step_size") != nullptr;
+    second_stair_given = io.find("cycle_second_stair_count") != nullptr;
+  }
+  io.key("cycle_min_lr", p.cycle_min_lr, {.min = 0, .required = true});
+  io.key("cycle_max_lr", p.cycle_max_lr, {.min = 0, .required = true});
+  io.key("decay_lr_rate", p.decay_lr_rate, {.min = 0});
+  io.key("cycle_first_step_size", p.cycle_first_step_size, {.min = 1});
+  io.key("cycle_second_step_size", p.cycle_second_step_size, {.min = 1});
+  io.key("cycle_first_stair_count", p.cycle_first_stair_count, {.min = 0});
+  io.key("cycle_second_stair_count", p.cycle_second_stair_count, {.min = 0});
+  io.key("decay_step_size", p.decay_step_size, {.min = 0});
+  io.key("cycle_momentum", p.cycle_momentum);
+  io.key("cycle_min_mom", p.cycle_min_mom, {.min = 0, .max = 1});
+  io.key("cycle_max_mom", p.cycle_max_mom, {.min = 0, .max = 1});
+  io.key("decay_mom_rate", p.decay_mom_rate, {.min = 0});
+  io.key("last_batch_iteration", p.last_batch_iteration, {.min = -1});
+  // DeepSpeed: the falling half mirrors the rising half unless told otherwise.
+  if (!second_step_given) p.cycle_second_step_size = p.cycle_first_step_size;
+  if (!second_stair_given) p.cycle_second_stair_count = p.cycle_first_stair_count;
+}
+
+template <class Io>
+void visit_schedule(Io& io, LRRangeTest& p, const Config&) {
+  io.key("lr_range_test_min_lr", p.lr_range_test_min_lr, {.min = 0});
+  io.key("lr_range_test_step_size", p.lr_range_test_step_size, {.min = 1});
+  io.key("lr_range_test_step_rate", p.lr_range_test_step_rate, {.min = 0});
+  io.key("lr_range_test_staircase", p.lr_range_test_staircase);
+  io.key("last_batch_iteration", p.last_batch_iteration, {.min = -1});
+}
+
+void select_schedule(Scheduler& s, int index) {
+  switch (index) {
+    case 1: s.params.emplace<WarmupLR>(); break;
+    case 2: s.params.emplace<WarmupDecayLR>(); break;
+    case 3: s.params.emplace<WarmupCosineLR>(); break;
+    case 4: s.params.emplace<OneCycle>(); break;
+    case 5: s.params.emplace<LRRangeTest>(); break;
+    default: s.params.emplace<std::monostate>(); break;
+  }
+}
+
+template <class Io>
+void visit(Io& io, Scheduler& s, const Config& c) {
+  int type = static_cast<int>(s.params.index());
+  io.choice("type", type, kSchedulerTypes, {.required = io.given()});
+  if constexpr (Io::reading) {
+    select_schedule(s, type);
+    if (!s.enabled()) {  // type missing or wrong (reported): its params cannot be checked
+      io.known("params");
+      return;
+    }
+  }
+  io.block("params", s.params, [&c](auto& p, auto& params) {
+    std::visit([&](auto& schedule) { visit_schedule(p, schedule, c); }, params);
+  });
+}
+
+// ---- the rest of the blocks ---------------------------------------------------------------------
+
+// aio only configures the NVMe swapper, which runs as cpu offload for now: every key is accepted
+// and warned about when it is not the default.
+template <class Io>
+void visit(Io& io, Aio& a) {
+  io.key("block_size", a.block_size, {.min = 1, .not_implemented = true});
+  io.key("queue_depth", a.queue_depth, {.min = 1, .not_implemented = true});
+  io.key("intra_op_parallelism", a.intra_op_parallelism,
+         {.min = 1,
+          .aliases = {{.name = "thread_count", .deprecated = true}},
+          .not_implemented = true});
+  io.key("single_submit", a.single_submit, {.not_implemented = true});
+  io.key("overlap_events", a.overlap_events, {.not_implemented = true});
+  io.key("use_gds", a.use_gds, {.not_implemented = true});
+}
+
+template <class Io>
+void visit(Io& io, ActivationCheckpointing& a) {
+  io.key("partition_activations", a.partition_activations);
+  io.key("contiguous_memory_optimization", a.contiguous_memory_optimization);
+  io.key("cpu_checkpointing", a.cpu_checkpointing);
+  io.key("number_checkpoints", a.number_checkpoints, {.min = 0});
+  io.key("synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary);
+  io.key("profile", a.profile);
+}
+
+// zero_train.model: a preset, optionally overridden key by key, or a full explicit shape.
+template <class Io>
+void visit_model(Io& io, Ours& o) {
+  constexpr const char* kShapeKeys[] = {"n_layer", "n_embd", "n_head", "vocab_size", "seq_len"};
+  std::optional<std::string> preset;
+  if (!o.model_preset.empty()) preset = o.model_preset;
+  bool explicit_shape = false;  // no preset named: all five keys are required
+  if constexpr (Io::reading) {
+    const Json* p = io.find("preset");
+    bool any_shape_key = false;
+    for (const char* k : kShapeKeys) any_shape_key = any_shape_key || io.find(k) != nullptr;
+    explicit_shape = (p == nullptr || p->is_null()) && any_shape_key;
+  }
+  io.key("preset", preset);
+  if constexpr (Io::reading) {
+    if (explicit_shape) {
+      o.model_preset.clear();
+    } else if (preset) {
+      if (const auto shape = models::gpt_preset(*preset)) {
+        o.model_preset = *preset;
+        o.model = *shape;
+      } else {
+        std::string names;
+        for (std::string_view n : models::gpt_preset_names())
+          names += (names.empty() ? "\"" : ", \"") + std::string(n) + "\"";
+        io.error("preset", "expected one of " + names + ", got \"" + *preset + "\"");
+      }
+    }
+  }
+  io.key("n_layer", o.model.n_layer, {.min = 1, .required = explicit_shape});
+  io.key("n_embd", o.model.n_embd, {.min = 1, .required = explicit_shape});
+  io.key("n_head", o.model.n_head, {.min = 1, .required = explicit_shape});
+  io.key("vocab_size", o.model.vocab_size, {.min = 1, .required = explicit_shape});
+  io.key("seq_len", o.model.seq_len, {.min = 1, .required = explicit_shape});
+  if constexpr (Io::reading) {
+    if (o.model.n_head > 0 && o.model.n_embd > 0 && o.model.n_embd % o.model.n_head != 0)
+      io.error("n_head", std::to_string(o.model.n_head) + " does not divide n_embd " +
+                             std::to_string(o.model.n_embd) +
+                             "; pick n_head so that n_embd / n_head is a whole head size");
+  }
+}
+
+template <class Io>
+void visit(Io& io, Ours& o) {
+  io.choice("device", o.device, kDevices);
+  io.bytes("device_memory_limit", o.device_memory_limit);
+  io.bytes("host_memory_limit", o.host_memory_limit);
+  io.key("steps", o.steps, {.min = 1, .flag = &io.env().steps_flag, .flag_name = "--steps"});
+  io.block("model", o, [](auto& m, Ours& ours) { visit_model(m, ours); });
+}
+
+// ---- the top level ------------------------------------------------------------------------------
+
+BatchKey read_batch_key(Reader& io, std::string_view name) {
+  const std::size_t errors = io.session().error_count();
+  long long v = 0;
+  io.key(name, v, {.min = 1, .auto_value = 0LL});
+  BatchKey k;
+  k.value = v;
+  if (io.session().error_count() != errors) k.state = BatchKey::State::invalid;
+  else if (io.session().source(io.path_of(name)) == Source::auto_value)
+    k.state = BatchKey::State::auto_value;
+  else if (io.session().source(io.path_of(name)) == Source::value)
+    k.state = BatchKey::State::value;
+  return k;
+}
+
+template <class Io>
+void visit_batch(Io& io, Batch& b) {
+  if constexpr (Io::reading) {
+    BatchInput in;
+    in.train_batch_size = read_batch_key(io, "train_batch_size");
+    in.train_micro_batch_size_per_gpu = read_batch_key(io, "train_micro_batch_size_per_gpu");
+    in.gradient_accumulation_steps = read_batch_key(io, "gradient_accumulation_steps");
+    resolve_batch(in, io.env(), b, io.session().diagnostics);
+  } else {
+    io.key("train_batch_size", b.train_batch_size);
+    io.key("train_micro_batch_size_per_gpu", b.train_micro_batch_size_per_gpu);
+    io.key("gradient_accumulation_steps", b.gradient_accumulation_steps);
+  }
+}
+
+// bf16 also answers to its old name "bfloat16".
+void visit_bf16_block(Reader& io, Bf16& b) {
+  io.known("bfloat16");
+  const Json* current = io.find("bf16");
+  const Json* old = io.find("bfloat16");
+  const auto visit_bf16 = [](auto& r, Bf16& x) { visit(r, x); };
+  if (old == nullptr) return io.block("bf16", b, visit_bf16);
+  io.warn("bfloat16", "deprecated name; use 'bf16' instead");
+  if (current != nullptr && !(*current == *old)) {
+    io.error("bfloat16", "is " + old->dump() + " but 'bf16' (the same block) is " +
+                             current->dump() + "; keep only 'bf16'");
+  }
+  io.block(current != nullptr ? "bf16" : "bfloat16", b, visit_bf16);
+}
+
+void visit_bf16_block(Writer& io, Bf16& b) {
+  io.block("bf16", b, [](auto& w, Bf16& x) { visit(w, x); });
+}
+
+template <class Io>
+void visit(Io& io, Config& c) {
+  visit_batch(io, c.batch);
+  io.key("steps_per_print", c.steps_per_print, {.min = 1});
+  io.key("wall_clock_breakdown", c.wall_clock_breakdown);
+  io.key("gradient_clipping", c.gradient_clipping, {.min = 0, .auto_value = 1.0});
+  io.key("prescale_gradients", c.prescale_gradients);
+  io.key("gradient_predivide_factor", c.gradient_predivide_factor, {.min = 0, .min_open = true});
+  io.choice("communication_data_type", c.communication_data_type, kCommTypes, {.nullable = true});
+  io.key("seed", c.seed, {.min = 0});
+  io.block("optimizer", c.optimizer, [](auto& b, Optimizer& o) { visit(b, o); });
+  const auto visit_scheduler = [&c](auto& b, Scheduler& s) { visit(b, s, c); };
+  if constexpr (Io::reading) {
+    const Json* s = io.find("scheduler");
+    if (s != nullptr && !s->is_null()) io.block("scheduler", c.scheduler, visit_scheduler);
+    io.known("scheduler");
+  } else if (c.scheduler.enabled()) {
+    io.block("scheduler", c.scheduler, visit_scheduler);
+  }
+  io.block("fp16", c.fp16, [](auto& b, Fp16& f) { visit(b, f); });
+  visit_bf16_block(io, c.bf16);
+  visit_zero_optimization(io, c.zero, c.ours);
+  io.block("aio", c.aio, [](auto& b, Aio& a) { visit(b, a); });
+  io.block("activation_checkpointing", c.activation_checkpointing,
+           [](auto& b, ActivationCheckpointing& a) { visit(b, a); });
+  io.block("zero_train", c.ours, [](auto& b, Ours& o) { visit(b, o); });
+}
+
+// Checks between blocks, once every value (and every "auto") is final.
+void check(Session& s, const Config& c) {
+  if (c.fp16.enabled && c.bf16.enabled)
+    s.error("fp16.enabled", "fp16 and bf16 are both enabled; enable at most one (bf16 needs no "
+                            "loss scaling)");
+  if (s.env.warmup_steps_flag && !c.scheduler.enabled())
+    s.warn("", "--warmup-steps has no effect: the config has no scheduler");
+}
+
+// Parses the text; every duplicate key is an error (DeepSpeed rejects them too; a JSON parser
+// would silently keep the last). On a syntax error: nullopt and one error naming line:column.
+std::optional<Json> parse_json(std::string_view text, Session& s) {
+  struct Frame {
+    std::vector<std::string> seen;  // keys of this object so far
+    std::string current;            // the key whose value is being parsed
+    bool array = false;
+  };
+  std::vector<Frame> stack;
+  const auto on_event = [&](int, Json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start: stack.push_back({{}, {}, false}); break;
+      case Json::parse_event_t::array_start: stack.push_back({{}, {}, true}); break;
+      case Json::parse_event_t::object_end:
+      case Json::parse_event_t::array_end:
+        if (!stack.empty()) stack.pop_back();
+        break;
+      case Json::parse_event_t::key: {
+        if (stack.empty()) break;
+        Frame& top = stack.back();
+        top.current = parsed.get<std::string>();
+        if (std::find(top.seen.begin(), top.seen.end(), top.current) == top.seen.end()) {
+          top.seen.push_back(top.current);
+          break;
+        }
+        std::string path;
+        for (const Frame& f : stack) {
+          if (!path.empty() && !f.array) path += ".";
+          path += f.array ? std::string("[]") : f.current;
+        }
+        s.error(path, "duplicate key: it appears twice in the same object (DeepSpeed rejects "
+                      "this too); keep one");
+        break;
+      }
+      case Json::parse_event_t::value: break;
+    }
+    return true;
+  };
+  try {
+    return Json::parse(text.begin(), text.end(), on_event, /*allow_exceptions=*/true,
+                       /*ignore_comments=*/false);
+  } catch (const Json::parse_error& e) {
+    // e.byte counts the characters read, the offending one included.
+    const std::size_t at = std::min<std::size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
+    std::size_t line = 1, line_start = 0;
+    for (std::size_t i = 0; i < at; ++i)
+      if (text[i] == '\n') ++line, line_start = i + 1;
+    const std::size_t column = at - line_start + 1;
+    std::string what = e.what();
+    // nlohmann: "[json.exception.parse_error.101] parse error at line 3, column 5: <what>".
+    if (const auto colon = what.find(": ", what.find("parse error")); colon != std::string::npos)
+      what = what.substr(colon + 2);
+    const bool blank = text.find_first_not_of(" \t\r\n") == std::string_view::npos;
+    s.error("", "invalid JSON at line " + std::to_string(line) + ", column " +
+                    std::to_string(column) + ": " + what + ". " +
+                    (blank ? "The file is empty; a config is a JSON object, at least {}"
+                           : "JSON allows no comments and no trailing comma after the last item "
+                             "of an object or list; check there and at the end of the line "
+                             "before"));
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
+LoadResult parse_config(std::string_view json_text, std::string_view source_name,
+                        const Environment& env) {
+  (void)source_name;  // messages carry JSON paths; format_diagnostic() adds the source
+  LoadResult result;
+  detail::Session session{env, result.diagnostics, {}, {}};
+  if (env.world_size < 1) {
+    session.error("", "data-parallel world size " + std::to_string(env.world_size) +
+                          ": expected >= 1");
+    return result;
+  }
+  const std::optional<detail::Json> json = detail::parse_json(json_text, session);
+  if (!json) return result;
+  if (!json->is_object()) {
+    session.error("", "expected a JSON object ({...}) at the top level, got " +
+                          detail::describe(*json));
+    return result;
+  }
+  detail::Reader top(session, *json, "", true, detail::Reader::Unknown::warn,
+                     detail::kIgnoredFeatures);
+  detail::visit(top, result.config);
+  top.finish();
+  session.run_deferred();
+  detail::resolve_precision(session, result.config);
+  detail::check(session, result.config);
+  return result;
+}
+
+std::string effective_config_json(const Config& c, int indent) {
+  Config copy = c;  // the visit takes members by reference; the Writer only reads them
+  detail::Writer w;
+  detail::visit(w, copy);
+  return w.json().dump(indent);
+}
+
+}  // namespace zero::config

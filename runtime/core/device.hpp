@@ -1,0 +1,127 @@
+// Devices: where memory lives and where work runs. Two kinds:
+//   cpu   host memory with an optional capacity (unlimited by default), so "a model whose states
+//         exceed device memory" is testable on any machine; streams are cpu executors.
+//   cuda  one GPU: cudaMalloc'd memory, capacity = the GPU's real memory (or a lower limit we
+//         set, e.g. to emulate a 32 GiB card), CUDA streams, pinned host memory via cudaHostAlloc.
+//
+// Every allocation goes through Device::allocate / allocate_host and into the device's
+// MemoryLedger; an allocation past the capacity throws OutOfMemory with the ledger table.
+//
+// Ownership: a Buffer owns its bytes and gives them back when destroyed. The Device must outlive
+// every Buffer, Stream and Event it made. Buffers are not zeroed. Thread-safety: allocate and
+// free may be called from any thread; a Buffer itself is not synchronised.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "runtime/core/device_kind.hpp"
+#include "runtime/core/ledger.hpp"
+#include "runtime/core/stream.hpp"
+
+namespace zero {
+
+class Device;
+
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { reset(); }
+
+  void* data() const noexcept { return data_; }
+  template <class T>
+  T* as() const noexcept { return static_cast<T*>(data_); }
+  size_t bytes() const noexcept { return bytes_; }
+  MemSpace space() const noexcept { return space_; }
+  MemCategory category() const noexcept { return category_; }
+  bool pinned() const noexcept { return pinned_; }
+  Device* device() const noexcept { return device_; }
+  explicit operator bool() const noexcept { return device_ != nullptr; }
+  // Frees the bytes now (the Buffer becomes empty).
+  void reset() noexcept;
+
+ private:
+  friend class Device;
+  Device* device_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  MemSpace space_ = MemSpace::device;
+  MemCategory category_ = MemCategory::other;
+  bool pinned_ = false;
+};
+
+struct DeviceOptions {
+  // Capacity of device memory in bytes. 0: cpu unlimited; cuda the GPU's real memory.
+  // On cuda a value above the real memory is clamped to it.
+  size_t memory_limit = 0;
+  // Capacity of host memory used on the device's behalf (pinned staging, offloaded states).
+  // 0: unlimited.
+  size_t host_memory_limit = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  DeviceKind kind() const noexcept { return kind_; }
+  int index() const noexcept { return index_; }
+  // "cpu:0", "cuda:0 (NVIDIA H100 80GB HBM3)"
+  const std::string& name() const noexcept { return name_; }
+  size_t capacity() const { return ledger_.capacity(MemSpace::device); }
+  MemoryLedger& ledger() noexcept { return ledger_; }
+  const MemoryLedger& ledger() const noexcept { return ledger_; }
+
+  // Device memory, counted under `category`. Throws OutOfMemory past the capacity.
+  // A zero-byte request gives an empty-but-valid Buffer with data() == nullptr.
+  Buffer allocate(size_t bytes, MemCategory category);
+  // Host memory for this device, page-aligned. `pinned`: page-locked for fast asynchronous
+  // copies (cuda: cudaHostAlloc; cpu: ordinary memory, there is no DMA to wait for).
+  Buffer allocate_host(size_t bytes, MemCategory category, bool pinned = true);
+
+  virtual std::unique_ptr<Stream> create_stream(std::string name) = 0;
+  virtual std::unique_ptr<Event> create_event() = 0;
+  // Stream-ordered copy between any two buffers this device can reach (device or host).
+  virtual void copy_async(void* dst, const void* src, size_t bytes, Stream& stream) = 0;
+  // Stream-ordered byte fill.
+  virtual void fill_async(void* dst, unsigned char value, size_t bytes, Stream& stream) = 0;
+  // Whether bf16 storage and compute are supported (cuda: compute capability 8.0 and newer).
+  virtual bool supports_bf16() const noexcept = 0;
+
+ protected:
+  Device(DeviceKind kind, int index, std::string name, size_t capacity, size_t host_capacity);
+  void set_name(std::string name) { name_ = std::move(name); }
+  // Raw allocation without accounting; null on failure. bytes > 0.
+  virtual void* raw_allocate(size_t bytes) = 0;
+  virtual void raw_free(void* p) noexcept = 0;
+  virtual void* raw_allocate_host(size_t bytes, bool pinned);
+  virtual void raw_free_host(void* p, bool pinned) noexcept;
+
+ private:
+  friend class Buffer;
+  void free(Buffer& b) noexcept;
+  [[noreturn]] void out_of_memory(MemSpace space, MemCategory category, size_t bytes,
+                                  const char* why);
+
+  DeviceKind kind_;
+  int index_;
+  std::string name_;
+  MemoryLedger ledger_;
+};
+
+// Creates a device. cuda: index is the GPU ordinal; throws zero::Error when the cuda backend
+// is not built or the GPU cannot be opened.
+std::unique_ptr<Device> make_device(DeviceKind kind, int index = 0,
+                                    const DeviceOptions& options = {});
+
+// Number of usable GPUs: 0 when the cuda backend is not built, there is no driver or no GPU.
+// Never throws.
+int cuda_device_count() noexcept;
+
+}  // namespace zero

@@ -1,0 +1,45 @@
+#include "runtime/core/log.hpp"
+
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+#include <string>
+
+namespace zero::log {
+
+namespace {
+std::atomic<int> g_rank{0};
+std::atomic<int> g_size{1};
+std::mutex g_mutex;
+
+void write_line(std::FILE* f, std::string_view prefix, std::string_view line) {
+  std::string s;
+  s.reserve(prefix.size() + line.size() + 1);
+  s.append(prefix).append(line);
+  if (s.empty() || s.back() != '\n') s.push_back('\n');
+  std::lock_guard lock(g_mutex);
+  std::fwrite(s.data(), 1, s.size(), f);
+  std::fflush(f);
+}
+
+std::string rank_prefix() {
+  return g_size.load() > 1 ? "[rank " + std::to_string(g_rank.load()) + "] " : std::string();
+}
+}  // namespace
+
+void set_rank(int rank, int size) noexcept {
+  g_rank = rank;
+  g_size = size;
+}
+int rank() noexcept { return g_rank; }
+
+void info(std::string_view line) {
+  if (g_rank == 0) write_line(stdout, "", line);
+}
+void warn(std::string_view line) {
+  if (g_rank == 0) write_line(stderr, "warning: ", line);
+}
+void error(std::string_view line) { write_line(stderr, rank_prefix() + "error: ", line); }
+void rank_info(std::string_view line) { write_line(stdout, rank_prefix(), line); }
+
+}  // namespace zero::log

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The test command: installs the dependencies, builds, and runs the whole test suite (unit
+# tests, multi-rank tests under mpirun, program tests). GPU tests report "Skipped" on a machine
+# without a GPU. Exits non-zero if anything fails.
+#   scripts/test.sh [ctest options, e.g. -R config]
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$root/scripts/setup.sh"
+"$root/scripts/build.sh"
+build=${ZERO_BUILD_DIR:-$root/build}
+# Several ranks share few cores: one BLAS thread per process.
+export OPENBLAS_NUM_THREADS=1
+ctest --test-dir "$build" --output-on-failure -j "$(nproc)" "$@"

@@ -1,0 +1,107 @@
+// The cpu device: allocation through the ledger, the capacity and its out-of-memory error,
+// host buffers, stream-ordered copies.
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "runtime/core/device.hpp"
+
+using Catch::Matchers::ContainsSubstring;
+using zero::MemCategory;
+using zero::MemSpace;
+
+TEST_CASE("device: cpu allocations are counted by category and given back") {
+  auto dev = zero::make_device(zero::DeviceKind::cpu);
+  CHECK(dev->name() == "cpu:0");
+  CHECK(dev->capacity() == zero::kUnlimited);
+  {
+    zero::Buffer p = dev->allocate(1000, MemCategory::parameters);
+    zero::Buffer m = dev->allocate_host(64, MemCategory::master_weights);
+    REQUIRE(p.data() != nullptr);
+    CHECK(reinterpret_cast<uintptr_t>(p.data()) % 64 == 0);
+    CHECK(reinterpret_cast<uintptr_t>(m.data()) % 4096 == 0);  // host buffers are page-aligned
+    CHECK(p.space() == MemSpace::device);
+    CHECK(m.space() == MemSpace::host);
+    CHECK(dev->ledger().current(MemSpace::device, MemCategory::parameters) == 1000);
+    CHECK(dev->ledger().current(MemSpace::host, MemCategory::master_weights) == 64);
+    std::memset(p.data(), 0xab, p.bytes());  // the memory is really there
+    zero::Buffer moved = std::move(p);
+    CHECK(p.data() == nullptr);
+    CHECK(moved.bytes() == 1000);
+    CHECK(dev->ledger().current(MemSpace::device) == 1000);  // a move is not a second allocation
+  }
+  CHECK(dev->ledger().current(MemSpace::device) == 0);
+  CHECK(dev->ledger().current(MemSpace::host) == 0);
+  CHECK(dev->ledger().snapshot().total[0].peak == 1000);
+}
+
+TEST_CASE("device: zero-byte allocations are valid and empty") {
+  auto dev = zero::make_device(zero::DeviceKind::cpu);
+  zero::Buffer b = dev->allocate(0, MemCategory::other);
+  CHECK(b);
+  CHECK(b.data() == nullptr);
+  CHECK(b.bytes() == 0);
+}
+
+TEST_CASE("device: an allocation past the cpu limit fails with the ledger table") {
+  zero::DeviceOptions opt;
+  opt.memory_limit = 1 << 20;  // 1 MiB device
+  auto dev = zero::make_device(zero::DeviceKind::cpu, 0, opt);
+  CHECK(dev->capacity() == (1u << 20));
+  zero::Buffer params = dev->allocate(600 << 10, MemCategory::parameters);
+  try {
+    zero::Buffer states = dev->allocate(512 << 10, MemCategory::optimizer_states);
+    FAIL("allocation past the limit succeeded");
+  } catch (const zero::OutOfMemory& e) {
+    const std::string w = e.what();
+    CHECK_THAT(w, ContainsSubstring("out of device memory on cpu:0"));
+    CHECK_THAT(w, ContainsSubstring("cannot allocate 512.00 KiB of optimizer states"));
+    CHECK_THAT(w, ContainsSubstring("in use 600.00 KiB of 1.00 MiB"));
+    CHECK_THAT(w, ContainsSubstring("memory ledger of cpu:0"));
+    CHECK_THAT(w, ContainsSubstring("HINT:"));
+    // The table row of parameters shows what holds the memory.
+    CHECK_THAT(w, ContainsSubstring("parameters"));
+    CHECK(e.snapshot().at(MemSpace::device, MemCategory::parameters).current == 600u << 10);
+  }
+  // The refused allocation left no trace; what still fits can be allocated.
+  CHECK(dev->ledger().current(MemSpace::device) == 600u << 10);
+  zero::Buffer rest = dev->allocate((1 << 20) - (600 << 10), MemCategory::gradients);
+  CHECK(dev->ledger().current(MemSpace::device) == 1u << 20);
+  // Host memory has its own (here unlimited) capacity.
+  zero::Buffer host = dev->allocate_host(4 << 20, MemCategory::optimizer_states);
+  CHECK(host.bytes() == 4u << 20);
+}
+
+TEST_CASE("device: host memory limit") {
+  zero::DeviceOptions opt;
+  opt.host_memory_limit = 4096;
+  auto dev = zero::make_device(zero::DeviceKind::cpu, 0, opt);
+  zero::Buffer a = dev->allocate_host(4096, MemCategory::pinned_host);
+  CHECK_THROWS_AS(dev->allocate_host(1, MemCategory::pinned_host), zero::OutOfMemory);
+  CHECK_THROWS_WITH(dev->allocate_host(1, MemCategory::pinned_host),
+                    ContainsSubstring("out of host memory on cpu:0"));
+}
+
+TEST_CASE("device: stream-ordered copy and fill on the cpu device") {
+  auto dev = zero::make_device(zero::DeviceKind::cpu);
+  auto stream = dev->create_stream("copy");
+  const size_t n = 1 << 16;
+  zero::Buffer src = dev->allocate_host(n * 4, MemCategory::other);
+  zero::Buffer dst = dev->allocate(n * 4, MemCategory::other);
+  for (size_t i = 0; i < n; ++i) src.as<uint32_t>()[i] = static_cast<uint32_t>(i * 2654435761u);
+  dev->fill_async(dst.data(), 0, dst.bytes(), *stream);
+  dev->copy_async(dst.data(), src.data(), n * 4 / 2, *stream);  // first half only
+  stream->synchronize();
+  for (size_t i = 0; i < n / 2; ++i) REQUIRE(dst.as<uint32_t>()[i] == src.as<uint32_t>()[i]);
+  for (size_t i = n / 2; i < n; ++i) REQUIRE(dst.as<uint32_t>()[i] == 0);
+}
+
+TEST_CASE("device: asking for cuda without a GPU is a clear error") {
+  if (zero::cuda_device_count() > 0) SUCCEED("a GPU is present; covered by cuda_device_test");
+  else
+    CHECK_THROWS_WITH(zero::make_device(zero::DeviceKind::cuda),
+                      ContainsSubstring("cuda") && ContainsSubstring("HINT"));
+}

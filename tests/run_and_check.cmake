@@ -1,0 +1,45 @@
+# Runs a command and checks its exit code and output; used by ctest for program-level tests
+# (ctest's PASS_REGULAR_EXPRESSION alone would ignore the exit code).
+#   cmake -DEXPECT_RC=2 [-DEXPECT_REGEX=...] [-DREJECT_REGEX=...] -P run_and_check.cmake CMD ARGS...
+# EXPECT_RC may be "nonzero". EXPECT_REGEX may hold several patterns separated by "|||"; each
+# must match the combined stdout+stderr. A command that runs past TIMEOUT (s) fails the test: a
+# hang is a failure, never a pass.
+# The command is everything after the script's path (no list escaping needed).
+set(CMD "")
+set(after_script FALSE)
+math(EXPR last "${CMAKE_ARGC} - 1")
+foreach(i RANGE 1 ${last})
+  if(after_script)
+    list(APPEND CMD "${CMAKE_ARGV${i}}")
+  elseif(CMAKE_ARGV${i} MATCHES "run_and_check\\.cmake$")
+    set(after_script TRUE)
+  endif()
+endforeach()
+if(NOT DEFINED TIMEOUT)
+  set(TIMEOUT 120)
+endif()
+execute_process(COMMAND ${CMD} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
+                TIMEOUT ${TIMEOUT})
+set(all "${out}${err}")
+message("---- exit code: ${rc}\n---- output:\n${all}")
+if(rc MATCHES "timeout|Process terminated")
+  message(FATAL_ERROR "the command did not finish within ${TIMEOUT} s: ${rc}")
+endif()
+if(EXPECT_RC STREQUAL "nonzero")
+  if(rc EQUAL 0 OR NOT rc MATCHES "^[0-9]+$")
+    message(FATAL_ERROR "expected a non-zero exit code, got '${rc}'")
+  endif()
+elseif(NOT rc EQUAL EXPECT_RC)
+  message(FATAL_ERROR "expected exit code ${EXPECT_RC}, got '${rc}'")
+endif()
+if(DEFINED EXPECT_REGEX)
+  string(REPLACE "|||" ";" patterns "${EXPECT_REGEX}")
+  foreach(p IN LISTS patterns)
+    if(NOT all MATCHES "${p}")
+      message(FATAL_ERROR "output does not match '${p}'")
+    endif()
+  endforeach()
+endif()
+if(DEFINED REJECT_REGEX AND all MATCHES "${REJECT_REGEX}")
+  message(FATAL_ERROR "output matches '${REJECT_REGEX}', which it must not")
+endif()
