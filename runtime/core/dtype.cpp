@@ -46,6 +46,37 @@ void convert_via_f32(const void* src, void* dst, size_t n, Widen widen, Narrow n
   for (size_t i = bulk; i < n; ++i) d[i] = narrow(widen(s[i]));
 }
 
+// One entry point per conversion, each compiled several times (x86-64 baseline, AVX2, AVX-512)
+// and chosen at load time for the CPU it runs on (GCC function multi-versioning through ifunc),
+// so a binary built on one host runs on any other, using the widest vectors that host has.
+// `flatten` inlines the loop into each clone (otherwise every clone calls one baseline copy).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define ZERO_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default"), flatten))
+#else
+#define ZERO_SIMD_CLONES
+#endif
+
+ZERO_SIMD_CLONES void f32_to_f16(const void* s, void* d, size_t n) {
+  convert_loop<float, half>(s, d, n, [](float x) { return to_half(x); });
+}
+ZERO_SIMD_CLONES void f32_to_bf16(const void* s, void* d, size_t n) {
+  convert_loop<float, bfloat16>(s, d, n, [](float x) { return to_bfloat16(x); });
+}
+ZERO_SIMD_CLONES void f16_to_f32(const void* s, void* d, size_t n) {
+  convert_loop<half, float>(s, d, n, [](half x) { return to_float(x); });
+}
+ZERO_SIMD_CLONES void bf16_to_f32(const void* s, void* d, size_t n) {
+  convert_loop<bfloat16, float>(s, d, n, [](bfloat16 x) { return to_float(x); });
+}
+ZERO_SIMD_CLONES void f16_to_bf16(const void* s, void* d, size_t n) {
+  convert_via_f32<half, bfloat16>(
+      s, d, n, [](half x) { return to_float(x); }, [](float x) { return to_bfloat16(x); });
+}
+ZERO_SIMD_CLONES void bf16_to_f16(const void* s, void* d, size_t n) {
+  convert_via_f32<bfloat16, half>(
+      s, d, n, [](bfloat16 x) { return to_float(x); }, [](float x) { return to_half(x); });
+}
+
 }  // namespace
 
 void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t n) {
@@ -56,19 +87,11 @@ void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t 
   }
   switch (src_type) {
     case DType::f32:
-      if (dst_type == DType::f16)
-        return convert_loop<float, half>(src, dst, n, [](float x) { return to_half(x); });
-      return convert_loop<float, bfloat16>(src, dst, n, [](float x) { return to_bfloat16(x); });
+      return dst_type == DType::f16 ? f32_to_f16(src, dst, n) : f32_to_bf16(src, dst, n);
     case DType::f16:
-      if (dst_type == DType::f32)
-        return convert_loop<half, float>(src, dst, n, [](half x) { return to_float(x); });
-      return convert_via_f32<half, bfloat16>(
-          src, dst, n, [](half x) { return to_float(x); }, [](float x) { return to_bfloat16(x); });
+      return dst_type == DType::f32 ? f16_to_f32(src, dst, n) : f16_to_bf16(src, dst, n);
     case DType::bf16:
-      if (dst_type == DType::f32)
-        return convert_loop<bfloat16, float>(src, dst, n, [](bfloat16 x) { return to_float(x); });
-      return convert_via_f32<bfloat16, half>(
-          src, dst, n, [](bfloat16 x) { return to_float(x); }, [](float x) { return to_half(x); });
+      return dst_type == DType::f32 ? bf16_to_f32(src, dst, n) : bf16_to_f16(src, dst, n);
   }
 }
 
