@@ -29,34 +29,15 @@
 
 #include "runtime/core/error.hpp"
 #include "runtime/core/log.hpp"
+#include "runtime/core/stream_failure.hpp"
 #include "runtime/core/stream.hpp"
 
 namespace zero {
 namespace {
 
-// The first exception of a stream, shared with every event recorded after it and every stream
-// that took it over by waiting on such an event.
-struct Failure {
-  Failure(std::exception_ptr e, std::string where) : error(std::move(e)), stream(std::move(where)) {}
-  const std::exception_ptr error;
-  const std::string stream;          // the stream whose task threw
-  std::atomic<bool> seen{false};     // rethrown to some caller, or already logged
-};
-
-std::string describe(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "an exception not derived from std::exception";
-  }
-}
-
-[[noreturn]] void rethrow(const std::shared_ptr<Failure>& f) {
-  f->seen = true;
-  std::rethrow_exception(f->error);
-}
+using detail::describe;
+using detail::rethrow;
+using Failure = detail::StreamFailure;
 
 // One record() of an event. `done` and `failure` are guarded by the owning EventState's mutex.
 struct Mark {

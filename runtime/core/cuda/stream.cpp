@@ -28,31 +28,14 @@
 #include "runtime/core/cuda/checks.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/core/log.hpp"
+#include "runtime/core/stream_failure.hpp"
 
 namespace zero::cuda {
 namespace {
 
-struct Failure {
-  Failure(std::exception_ptr e, std::string where) : error(std::move(e)), stream(std::move(where)) {}
-  const std::exception_ptr error;
-  const std::string stream;       // the stream whose task threw
-  std::atomic<bool> seen{false};  // rethrown to some caller, or already logged
-};
-
-std::string describe(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "an exception not derived from std::exception";
-  }
-}
-
-[[noreturn]] void rethrow(const std::shared_ptr<Failure>& f) {
-  f->seen = true;
-  std::rethrow_exception(f->error);
-}
+using detail::describe;
+using detail::rethrow;
+using Failure = detail::StreamFailure;
 
 // Logs a failed CUDA call in a destructor, which must not throw. At process exit the runtime may
 // already be unloaded; that is not worth a line.
