@@ -1,0 +1,273 @@
+// The MPI backend: host buffers, collectives run on a cpu stream (one worker thread) that
+// drives MPI itself, so a collective progresses while the caller computes, without polling.
+//
+// Algorithms (chosen for exact, order-fixed arithmetic and for speed on Open MPI 4.1, whose
+// MPI_Reduce_scatter_block reaches a fraction of its own all-reduce's bus bandwidth):
+//   reduce_scatter  pairwise exchange in segments: rank r sends its piece of rank p's chunk to
+//                   p and receives every rank's piece of chunk r (native dtype on the wire),
+//                   then host_reduce adds the N pieces in rank order in fp32 and rounds once.
+//                   Segment k+1's messages are posted before segment k is reduced.
+//   all_reduce      the same reduce-scatter over N near-equal parts, then MPI_Allgatherv in
+//                   place: bitwise the values reduce_scatter gives.
+//   all_gather      MPI_Allgather; broadcast MPI_Bcast; barrier MPI_Barrier.
+//
+// Scratch: 2 x (N-1) segments, allocated once from the Device (ledger: communication
+// buffers) and pre-faulted, touched only by the worker thread.
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <vector>
+
+#include "collectives/communicator.hpp"
+#include "collectives/reduce_kernel.hpp"
+#include "runtime/core/error.hpp"
+#include "runtime/core/mpi_check.hpp"
+
+namespace zero::coll {
+
+namespace {
+
+// Bytes per peer per segment: large enough to amortise per-message cost, small enough that
+// posting the next segment early overlaps usefully and the scratch stays small.
+constexpr size_t kSegmentBytes = 1 << 20;
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f16:
+    case DType::bf16: return MPI_UINT16_T;  // moved as bits; arithmetic is ours
+  }
+  return MPI_BYTE;
+}
+
+int checked_count(size_t count, const char* what) {
+  ZERO_REQUIRE(count <= static_cast<size_t>(INT_MAX),
+               std::string("MPI communicator: ") + what + " of " + std::to_string(count) +
+                   " elements per rank is over MPI's int count limit (2^31-1)\nHINT: use "
+                   "smaller buckets (reduce_bucket_size / allgather_bucket_size)");
+  return static_cast<int>(count);
+}
+
+// The part of a buffer each rank reduces: [offset, offset + len) in elements.
+struct Part {
+  size_t offset = 0, len = 0;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm owned, int rank, int size, Device& device)
+      : Communicator(rank, size), comm_(owned), device_(device),
+        stream_(make_cpu_stream("mpi-comm")) {
+    int level = 0;
+    MPI_Query_thread(&level);
+    ZERO_REQUIRE(level == MPI_THREAD_MULTIPLE,
+                 "the MPI communicator needs MPI_THREAD_MULTIPLE (its worker thread calls MPI)"
+                 "\nHINT: initialise MPI through zero::World::init, with an MPI built with "
+                 "thread support");
+    if (size > 1) {
+      const size_t bytes = 2 * static_cast<size_t>(size - 1) * kSegmentBytes;
+      scratch_ = device.kind() == DeviceKind::cpu
+                     ? device.allocate(bytes, MemCategory::comm_buffers)
+                     : device.allocate_host(bytes, MemCategory::comm_buffers);
+      std::memset(scratch_.data(), 0, bytes);  // fault the pages in now, not inside a step
+    }
+  }
+
+  ~MpiCommunicator() override {
+    stream_.reset();  // drains every queued collective before the communicator goes
+    // After MPI_Finalize (a communicator kept in a static) MPI may not be called; the process
+    // is ending and MPI has released the communicator with everything else.
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+
+  DeviceKind kind() const noexcept override { return DeviceKind::cpu; }
+  Stream& stream() noexcept override { return *stream_; }
+
+  Work all_gather(const void* send, void* recv, size_t count, DType dt, Event* after) override {
+    const size_t bytes = count * size_of(dt);
+    auto* mine = static_cast<char*>(recv) + static_cast<size_t>(rank()) * bytes;
+    const bool in_place = send == mine;
+    if (size() == 1 || count == 0) return copy_or_mark(mine, send, in_place ? 0 : bytes, after);
+    const int n = checked_count(count, "all_gather");
+    return submit(after, [=, this] {
+      ZERO_CHECK_MPI(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, mpi_type(dt), recv, n,
+                                   mpi_type(dt), comm_));
+    });
+  }
+
+  Work reduce_scatter(const void* send, void* recv, size_t count, DType dt, ReduceOp op,
+                      Event* after) override {
+    const size_t esz = size_of(dt);
+    const auto* mine = static_cast<const char*>(send) + static_cast<size_t>(rank()) * count * esz;
+    if (size() == 1 || count == 0)
+      return copy_or_mark(recv, mine, recv == mine ? 0 : count * esz, after);
+    checked_count(count, "reduce_scatter");
+    std::vector<Part> parts(static_cast<size_t>(size()));
+    for (int q = 0; q < size(); ++q) parts[static_cast<size_t>(q)] = {static_cast<size_t>(q) * count, count};
+    return submit(after, [=, this, parts = std::move(parts)] {
+      exchange_and_reduce(send, recv, parts, dt, op);
+    });
+  }
+
+  Work all_reduce(const void* send, void* recv, size_t count, DType dt, ReduceOp op,
+                  Event* after) override {
+    const size_t esz = size_of(dt);
+    if (size() == 1 || count == 0) return copy_or_mark(recv, send, send == recv ? 0 : count * esz, after);
+    checked_count(count, "all_reduce");
+    // N near-equal parts: ceil(count / N) each, the last ones shorter or empty.
+    const size_t n = static_cast<size_t>(size());
+    const size_t chunk = (count + n - 1) / n;
+    std::vector<Part> parts(n);
+    std::vector<int> counts(n), displs(n);
+    for (size_t q = 0; q < n; ++q) {
+      const size_t off = std::min(count, q * chunk);
+      parts[q] = {off, std::min(count, off + chunk) - off};
+      counts[q] = static_cast<int>(parts[q].len);
+      displs[q] = static_cast<int>(off);  // off <= count <= INT_MAX
+    }
+    char* my_out = static_cast<char*>(recv) + parts[static_cast<size_t>(rank())].offset * esz;
+    return submit(after, [=, this, parts = std::move(parts), counts = std::move(counts),
+                          displs = std::move(displs)] {
+      exchange_and_reduce(send, my_out, parts, dt, op);
+      ZERO_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, mpi_type(dt), recv, counts.data(),
+                                    displs.data(), mpi_type(dt), comm_));
+    });
+  }
+
+  Work broadcast(void* buf, size_t count, DType dt, int root, Event* after) override {
+    ZERO_REQUIRE(root >= 0 && root < size(), "broadcast root " + std::to_string(root) +
+                                                 " is not a rank of this communicator (size " +
+                                                 std::to_string(size()) + ")");
+    if (size() == 1 || count == 0) return copy_or_mark(buf, buf, 0, after);
+    const int n = checked_count(count, "broadcast");
+    return submit(after, [=, this] { ZERO_CHECK_MPI(MPI_Bcast(buf, n, mpi_type(dt), root, comm_)); });
+  }
+
+  Work barrier(Event* after) override {
+    if (size() == 1) return copy_or_mark(nullptr, nullptr, 0, after);
+    return submit(after, [this] { ZERO_CHECK_MPI(MPI_Barrier(comm_)); });
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    // On the worker, so it is ordered with (and never concurrent to) this communicator's
+    // collectives, as MPI requires for collective calls on one communicator.
+    stream_->launch_host([&] {
+      ZERO_CHECK_MPI(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub));
+    });
+    stream_->synchronize();
+    if (sub == MPI_COMM_NULL) return nullptr;
+    ZERO_CHECK_MPI(MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN));
+    int r = 0, s = 0;
+    ZERO_CHECK_MPI(MPI_Comm_rank(sub, &r));
+    ZERO_CHECK_MPI(MPI_Comm_size(sub, &s));
+    return std::make_unique<MpiCommunicator>(sub, r, s, device_);
+  }
+
+ private:
+  // Queues `task` after `after`, and returns a Work that completes when the task has run.
+  Work submit(Event* after, std::function<void()> task) {
+    if (after) {
+      if (after->kind() == DeviceKind::cpu) {
+        stream_->wait(*after);
+      } else {
+        // A cuda event (e.g. a D2H copy into the host buffer): the worker waits for it.
+        stream_->launch_host([after] { after->synchronize(); });
+      }
+    }
+    if (task) stream_->launch_host(std::move(task));
+    std::shared_ptr<Event> done = make_cpu_event();
+    stream_->record(*done);
+    return Work(std::move(done));
+  }
+
+  // No communication: copy `bytes` (0: nothing to copy, just a marker in stream order).
+  Work copy_or_mark(void* dst, const void* src, size_t bytes, Event* after) {
+    if (bytes == 0) return submit(after, nullptr);
+    return submit(after, [=] { std::memmove(dst, src, bytes); });
+  }
+
+  // Rank r receives every rank's piece of part r and writes their reduction to `out`; it sends
+  // its own piece of part p to rank p. Runs on the worker thread.
+  void exchange_and_reduce(const void* send, void* out, const std::vector<Part>& parts, DType dt,
+                           ReduceOp op) {
+    const int n = size(), r = rank();
+    const size_t esz = size_of(dt);
+    const size_t seg = kSegmentBytes / esz;
+    const Part mine = parts[static_cast<size_t>(r)];
+    size_t longest = 0;
+    for (const Part& p : parts) longest = std::max(longest, p.len);
+    const size_t nseg = (longest + seg - 1) / seg;
+    auto* src = static_cast<const char*>(send);
+    auto* scratch = scratch_.as<char>();
+    // Scratch slot of peer q (q != r) in double buffer b.
+    auto slot = [&](int b, int q) {
+      const int idx = q < r ? q : q - 1;
+      return scratch + (static_cast<size_t>(b) * static_cast<size_t>(n - 1) + static_cast<size_t>(idx)) * kSegmentBytes;
+    };
+    auto seg_len = [&](const Part& p, size_t s) {
+      const size_t o = s * seg;
+      return o >= p.len ? size_t{0} : std::min(seg, p.len - o);
+    };
+
+    std::vector<MPI_Request> pending[2];
+    auto post = [&](size_t s) {
+      auto& reqs = pending[s % 2];
+      reqs.clear();
+      const size_t recv_len = seg_len(mine, s);
+      for (int k = 1; k < n; ++k) {
+        const int to = (r + k) % n, from = (r - k + n) % n;
+        MPI_Request q;
+        if (recv_len > 0) {
+          ZERO_CHECK_MPI(MPI_Irecv(slot(static_cast<int>(s % 2), from), static_cast<int>(recv_len),
+                                   mpi_type(dt), from, 0, comm_, &q));
+          reqs.push_back(q);
+        }
+        const Part& theirs = parts[static_cast<size_t>(to)];
+        const size_t send_len = seg_len(theirs, s);
+        if (send_len > 0) {
+          ZERO_CHECK_MPI(MPI_Isend(src + (theirs.offset + s * seg) * esz, static_cast<int>(send_len),
+                                   mpi_type(dt), to, 0, comm_, &q));
+          reqs.push_back(q);
+        }
+      }
+    };
+
+    if (nseg == 0) return;
+    post(0);
+    std::vector<const void*> inputs(static_cast<size_t>(n));
+    for (size_t s = 0; s < nseg; ++s) {
+      auto& reqs = pending[s % 2];
+      ZERO_CHECK_MPI(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+      if (s + 1 < nseg) post(s + 1);
+      const size_t len = seg_len(mine, s);
+      if (len == 0) continue;
+      for (int q = 0; q < n; ++q)
+        inputs[static_cast<size_t>(q)] =
+            q == r ? static_cast<const void*>(src + (mine.offset + s * seg) * esz)
+                   : static_cast<const void*>(slot(static_cast<int>(s % 2), q));
+      host_reduce(dt, op, n, inputs.data(), n, static_cast<char*>(out) + s * seg * esz, len);
+    }
+  }
+
+  MPI_Comm comm_;
+  Device& device_;
+  std::unique_ptr<Stream> stream_;
+  Buffer scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, Device& device) {
+  MPI_Comm dup = MPI_COMM_NULL;
+  ZERO_CHECK_MPI(MPI_Comm_dup(comm, &dup));
+  ZERO_CHECK_MPI(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN));
+  int r = 0, s = 0;
+  ZERO_CHECK_MPI(MPI_Comm_rank(dup, &r));
+  ZERO_CHECK_MPI(MPI_Comm_size(dup, &s));
+  return std::make_unique<MpiCommunicator>(dup, r, s, device);
+}
+
+}  // namespace zero::coll
