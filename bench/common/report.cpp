@@ -87,7 +87,8 @@ std::string utc_now() {
 }  // namespace
 
 Report::Report(std::string benchmark, int argc, char** argv, bool quick, int ranks, int threads) {
-  std::string command;
+  // The exact command, with the launcher for multi-rank runs.
+  std::string command = ranks > 1 ? "mpirun -np " + std::to_string(ranks) + " " : "";
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
   doc_ = {{"benchmark", benchmark},
           {"version", 1},
