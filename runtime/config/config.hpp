@@ -161,7 +161,7 @@ struct WarmupLR {
 };
 
 struct WarmupDecayLR : WarmupLR {
-  long long total_num_steps = 0;  // required: LR decays linearly to 0 at this step
+  long long total_num_steps = 0;  // required: LR decays linearly back to warmup_min_lr here
 };
 
 struct WarmupCosineLR {
