@@ -17,17 +17,6 @@ namespace {
 
 constexpr size_t kBlock = 4096;
 
-inline float load(float x) { return x; }
-inline float load(half x) { return to_float(x); }
-inline float load(bfloat16 x) { return to_float(x); }
-template <class T>
-inline T store(float x);
-template <>
-inline float store<float>(float x) { return x; }
-template <>
-inline half store<half>(float x) { return to_half(x); }
-template <>
-inline bfloat16 store<bfloat16>(float x) { return to_bfloat16(x); }
 
 // NaN-propagating max: a NaN in either operand gives NaN; among equal values (+0, -0) the
 // earlier input wins.
@@ -48,22 +37,22 @@ void reduce_typed(int divisor, const void* const* inputs, int n, void* out_v, si
     const size_t len = std::min(kBlock, count - base);
     {
       const T* __restrict in = static_cast<const T*>(inputs[0]) + base;
-      for (size_t i = 0; i < len; ++i) acc[i] = load(in[i]);
+      for (size_t i = 0; i < len; ++i) acc[i] = to_float(in[i]);
     }
     for (int q = 1; q < n; ++q) {
       const T* __restrict in = static_cast<const T*>(inputs[q]) + base;
       if constexpr (Op == ReduceOp::max) {
-        for (size_t i = 0; i < len; ++i) acc[i] = max_nan(acc[i], load(in[i]));
+        for (size_t i = 0; i < len; ++i) acc[i] = max_nan(acc[i], to_float(in[i]));
       } else {
-        for (size_t i = 0; i < len; ++i) acc[i] += load(in[i]);
+        for (size_t i = 0; i < len; ++i) acc[i] += to_float(in[i]);
       }
     }
     // `out` may be one of the inputs: it is written only after every input of the block was read.
     T* __restrict o = out + base;
     if constexpr (Op == ReduceOp::avg) {
-      for (size_t i = 0; i < len; ++i) o[i] = store<T>(canonical(acc[i] / scale_div));
+      for (size_t i = 0; i < len; ++i) o[i] = from_float<T>(canonical(acc[i] / scale_div));
     } else {
-      for (size_t i = 0; i < len; ++i) o[i] = store<T>(canonical(acc[i]));
+      for (size_t i = 0; i < len; ++i) o[i] = from_float<T>(canonical(acc[i]));
     }
   }
 }

@@ -47,20 +47,11 @@ struct Pass {
   bool vectorised;
 };
 
-__device__ __forceinline__ float widen(float x) { return x; }
-__device__ __forceinline__ float widen(half x) { return to_float(x); }
-__device__ __forceinline__ float widen(bfloat16 x) { return to_float(x); }
-
+// widen / narrow: dtype.hpp's to_float and from_float<T>, the host's exact rules on the device.
 template <class T>
-__device__ __forceinline__ T narrow(float x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else if constexpr (std::is_same_v<T, half>) {
-    return to_half(x);
-  } else {
-    return to_bfloat16(x);
-  }
-}
+__device__ __forceinline__ float widen(T x) { return to_float(x); }
+template <class T>
+__device__ __forceinline__ T narrow(float x) { return from_float<T>(x); }
 
 __device__ __forceinline__ bool is_nan(float x) {
   return (zero::detail::float_bits(x) & zero::detail::kF32AbsMask) > zero::detail::kF32Inf;

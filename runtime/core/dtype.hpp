@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define ZERO_HOST_DEVICE __host__ __device__
@@ -196,6 +197,21 @@ ZERO_HOST_DEVICE inline bfloat16 to_bfloat16(half h) noexcept {
 }
 ZERO_HOST_DEVICE inline half to_half(bfloat16 b) noexcept {
   return half{uint16_t(detail::f32_bits_to_f16(detail::bf16_to_f32_bits(b.bits)))};
+}
+
+// Generic forms for kernels templated on the storage type T (float, half or bfloat16):
+// to_float(x) widens exactly, from_float<T>(f) rounds once with the rules above.
+ZERO_HOST_DEVICE inline float to_float(float f) noexcept { return f; }
+template <class T>
+ZERO_HOST_DEVICE inline T from_float(float f) noexcept {
+  if constexpr (std::is_same_v<T, half>) {
+    return to_half(f);
+  } else if constexpr (std::is_same_v<T, bfloat16>) {
+    return to_bfloat16(f);
+  } else {
+    static_assert(std::is_same_v<T, float>, "from_float<T>: T is float, half or bfloat16");
+    return f;
+  }
 }
 
 // Converts n elements from src (of src_type) to dst (of dst_type), with the rules above; the
