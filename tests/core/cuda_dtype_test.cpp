@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/core/cuda/checks.hpp"
+#include "tests/cuda_support.hpp"
 #include "runtime/core/cuda/dtype_convert.hpp"
 #include "runtime/core/dtype.hpp"
 
@@ -22,43 +23,9 @@ using zero::DType;
 using zero::size_of;
 using zero::to_string;
 
+using namespace zero::test;
+
 namespace {
-
-bool have_gpu() {
-  // Without a driver cudaGetDeviceCount fails and may leave n untouched: any error means no GPU.
-  int n = 0;
-  const cudaError_t rc = cudaGetDeviceCount(&n);
-  if (rc != cudaSuccess) (void)cudaGetLastError();
-  return rc == cudaSuccess && n > 0;
-}
-
-// Device memory for the length of one test.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) { ZERO_CHECK_CUDA(cudaMalloc(&p_, bytes)); }
-  ~DeviceBuffer() { (void)cudaFree(p_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  uint8_t* get() const { return static_cast<uint8_t*>(p_); }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_;
-};
-
-class TestStream {
- public:
-  TestStream() { ZERO_CHECK_CUDA(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
-  ~TestStream() { (void)cudaStreamDestroy(s_); }
-  TestStream(const TestStream&) = delete;
-  TestStream& operator=(const TestStream&) = delete;
-  cudaStream_t get() const { return s_; }
-  void sync() const { ZERO_CHECK_CUDA(cudaStreamSynchronize(s_)); }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
 
 // Converts `src` (n elements of type s, as raw bytes) on the device and on the host; returns
 // the number of elements whose bits differ. `offset` shifts both device buffers by that many

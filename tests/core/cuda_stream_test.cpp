@@ -24,22 +24,17 @@
 
 #include "runtime/core/cuda/stream.hpp"
 #include "runtime/core/error.hpp"
+#include "tests/cuda_support.hpp"
 
 using Catch::Matchers::ContainsSubstring;
 using Catch::Matchers::Equals;
 using namespace std::chrono_literals;
 
+using zero::test::have_gpu;
+
 namespace {
 
 constexpr auto kDeadline = 30s;  // only reached when a test fails
-
-bool have_gpu() {
-  // Without a driver cudaGetDeviceCount fails and may leave n untouched: any error means no GPU.
-  int n = 0;
-  const cudaError_t rc = cudaGetDeviceCount(&n);
-  if (rc != cudaSuccess) (void)cudaGetLastError();
-  return rc == cudaSuccess && n > 0;
-}
 
 #define REQUIRE_GPU() \
   if (!have_gpu()) SKIP("no CUDA device")

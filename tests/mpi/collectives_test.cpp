@@ -21,21 +21,14 @@
 #include "collectives/communicator.hpp"
 #include "runtime/core/device.hpp"
 #include "runtime/core/world.hpp"
+#include "tests/mpi/mpi_fixture.hpp"
 
 using namespace zero;
 using coll::ReduceOp;
 
 namespace {
 
-struct Env {
-  std::unique_ptr<Device> device = make_device(DeviceKind::cpu);
-  std::unique_ptr<coll::Communicator> comm =
-      coll::make_mpi_communicator(World::get().comm(), *device);
-};
-Env& env() {
-  static Env e;
-  return e;
-}
+using test::env;
 
 // Input value of rank r at index i: varied signs and magnitudes, so 16-bit rounding matters.
 // A hash of (r, i) made into a float with a random sign, a full 24-bit mantissa and an exponent

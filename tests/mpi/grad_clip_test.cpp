@@ -25,21 +25,14 @@
 #include "optim/loss_scaler.hpp"
 #include "runtime/core/device.hpp"
 #include "runtime/core/world.hpp"
+#include "tests/mpi/mpi_fixture.hpp"
 
 using namespace zero;
 using namespace zero::optim;
 
 namespace {
 
-struct Env {
-  std::unique_ptr<Device> device = make_device(DeviceKind::cpu);
-  std::unique_ptr<coll::Communicator> comm =
-      coll::make_mpi_communicator(World::get().comm(), *device);
-};
-Env& env() {
-  static Env e;
-  return e;
-}
+using test::env;
 
 // Gradient element i: a hash made into a float of either sign with magnitude in [2^-8, 2^4),
 // the same on every rank.

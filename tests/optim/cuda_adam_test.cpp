@@ -71,6 +71,7 @@
 #include "optim/cuda/adam_kernel.hpp"
 #include "optim/host_adam.hpp"
 #include "runtime/core/cuda/checks.hpp"
+#include "tests/cuda_support.hpp"
 #include "runtime/core/dtype.hpp"
 
 // Not `using namespace zero`: cuda_fp16.h (through cublas_v2.h) declares a global ::half.
@@ -81,50 +82,9 @@ using zero::optim::AdamScalars;
 using zero::optim::AdamStep;
 using zero::optim::HostAdam;
 
+using namespace zero::test;
+
 namespace {
-
-bool have_gpu() {
-  // Without a driver cudaGetDeviceCount fails and may leave n untouched: any error means no GPU.
-  int n = 0;
-  const cudaError_t rc = cudaGetDeviceCount(&n);
-  if (rc != cudaSuccess) (void)cudaGetLastError();
-  return rc == cudaSuccess && n > 0;
-}
-
-// Device memory for the length of one test.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) { ZERO_CHECK_CUDA(cudaMalloc(&p_, bytes)); }
-  ~DeviceBuffer() { (void)cudaFree(p_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  uint8_t* get() const { return static_cast<uint8_t*>(p_); }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_;
-};
-
-class TestStream {
- public:
-  TestStream() { ZERO_CHECK_CUDA(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
-  ~TestStream() { (void)cudaStreamDestroy(s_); }
-  TestStream(const TestStream&) = delete;
-  TestStream& operator=(const TestStream&) = delete;
-  cudaStream_t get() const { return s_; }
-  void sync() const { ZERO_CHECK_CUDA(cudaStreamSynchronize(s_)); }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
-
-void upload(void* dst, const void* src, size_t bytes, const TestStream& s) {
-  ZERO_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s.get()));
-}
-void download(void* dst, const void* src, size_t bytes, const TestStream& s) {
-  ZERO_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s.get()));
-}
 
 uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
 
