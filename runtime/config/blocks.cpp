@@ -270,12 +270,16 @@ void visit(Io& io, Aio& a) {
 
 template <class Io>
 void visit(Io& io, ActivationCheckpointing& a) {
-  io.key("partition_activations", a.partition_activations);
-  io.key("contiguous_memory_optimization", a.contiguous_memory_optimization);
-  io.key("cpu_checkpointing", a.cpu_checkpointing);
+  // number_checkpoints picks how many transformer blocks recompute their activations
+  // (zero::checkpoint_plan); the other knobs tune DeepSpeed's own implementation and are not ours.
+  io.key("partition_activations", a.partition_activations, {.not_implemented = true});
+  io.key("contiguous_memory_optimization", a.contiguous_memory_optimization,
+         {.not_implemented = true});
+  io.key("cpu_checkpointing", a.cpu_checkpointing, {.not_implemented = true});
   io.key("number_checkpoints", a.number_checkpoints, {.min = 0});
-  io.key("synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary);
-  io.key("profile", a.profile);
+  io.key("synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary,
+         {.not_implemented = true});
+  io.key("profile", a.profile, {.not_implemented = true});
 }
 
 // zero_train.model: a preset, optionally overridden key by key, or a full explicit shape.

@@ -286,13 +286,14 @@ struct Aio {
   bool use_gds = false;                 // GPUDirect Storage
 };
 
-// "activation_checkpointing": DeepSpeed's checkpointing knobs (which Units recompute is the
-// engine's business; these say how).
+// "activation_checkpointing": number_checkpoints selects how many transformer blocks keep only
+// their input and recompute their activations in backward (zero::checkpoint_plan spreads them
+// evenly; null or 0 = none, >= n_layer = all). The other knobs are accepted and warned about.
 struct ActivationCheckpointing {
-  bool partition_activations = false;             // shard saved activations over ranks
-  bool contiguous_memory_optimization = false;    // copy saved activations into one buffer
-  bool cpu_checkpointing = false;                 // keep saved activations in host memory
-  std::optional<long long> number_checkpoints;    // checkpoints per model; null = unknown
+  bool partition_activations = false;             // not implemented: shard saved activations
+  bool contiguous_memory_optimization = false;    // not implemented: one buffer for them
+  bool cpu_checkpointing = false;                 // not implemented: keep them in host memory
+  std::optional<long long> number_checkpoints;    // checkpointed blocks; null = none
   bool synchronize_checkpoint_boundary = false;   // device sync at each checkpoint
   bool profile = false;                           // time the checkpointed forwards
 };

@@ -83,7 +83,7 @@ struct UnitContext {
   Tensor output;
   Tensor grad_output;
   Tensor grad_input;
-  Tensor loss;                 // last Unit, forward: fp32 [1], mean loss of the micro-batch
+  Tensor loss;                 // last Unit, forward: [1], mean loss of the micro-batch (fp32; fp64 with fp64 activations)
   float grad_scale = 1.0f;     // last Unit, backward
   bool checkpoint = false;     // recompute forward inside backward (if the Unit supports it)
   std::unique_ptr<UnitState> state;

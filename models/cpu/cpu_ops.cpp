@@ -1,0 +1,258 @@
+// The cpu backend of models/ops.hpp: each op becomes one task on the Ops object's stream that
+// runs a kernel of kernels.hpp.
+//
+// Lifetimes: a task captures its operand Tensors by value; the copies share ownership of the
+// storage, so the memory stays alive until the task has run even when the caller drops its
+// handles right after enqueuing. (A view owns nothing: its memory is the caller's to keep, as
+// tensor.hpp says.) Tasks never touch the CpuOps object, so it may go before its tasks have run.
+//
+// Types: the activation type picks the compute type (fp32 -> float, fp64 -> double); parameters
+// and gradients in other storage types are handed to the kernels as cpu::Param / cpu::Grad, which
+// read 16-bit parameters as fp32 and add to 16-bit gradients with one rounding.
+//
+// Errors: a bad token id or target throws zero::Error inside the task; the stream keeps it as its
+// sticky error and check_errors() (stream.synchronize()) rethrows it.
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "models/cpu/kernels.hpp"
+#include "models/ops.hpp"
+
+namespace zero::models {
+namespace {
+
+using cpu::Grad;
+using cpu::Param;
+
+// Calls fn(std::type_identity<F>{}) with F the compute type of activation type a.
+template <class Fn>
+void with_compute_type(ScalarType a, const Fn& fn) {
+  if (a == ScalarType::f64) {
+    fn(std::type_identity<double>{});
+  } else {
+    ZERO_REQUIRE(a == ScalarType::f32, "cpu ops: activations of type " +
+                                           std::string(to_string(a)) + " (expected fp32 or fp64)");
+    fn(std::type_identity<float>{});
+  }
+}
+
+template <class F>
+F* ptr(const Tensor& t) {
+  return t ? t.data_as<F>() : nullptr;
+}
+// An absent (empty) parameter or gradient becomes a null F pointer: the kernels skip it.
+template <class F>
+Param<F> param(const Tensor& t) {
+  return t ? Param<F>(t.data(), t.type()) : Param<F>(static_cast<const F*>(nullptr));
+}
+template <class F>
+Grad<F> grad(const Tensor& t) {
+  return t ? Grad<F>(t.data(), t.type()) : Grad<F>(static_cast<F*>(nullptr));
+}
+
+class CpuOps final : public Ops {
+ public:
+  CpuOps(Device& device, Stream& stream) : Ops(device, stream) {}
+
+ private:
+  template <class Fn>
+  void enqueue(Fn fn) {
+    stream().launch_host(std::move(fn));
+  }
+
+  void do_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                            const Tensor& wpe) override {
+    enqueue([out, tokens, wte, wpe] {
+      with_compute_type(out.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::embedding_forward<F>(ptr<F>(out), tokens.data_as<int32_t>(), param<F>(wte),
+                                  param<F>(wpe), tokens.shape()[0], tokens.shape()[1],
+                                  wte.shape()[1], wte.shape()[0]);
+      });
+    });
+  }
+
+  void do_embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                             const Tensor& tokens) override {
+    enqueue([dwte, dwpe, dout, tokens] {
+      with_compute_type(dout.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::embedding_backward<F>(grad<F>(dwte), grad<F>(dwpe), ptr<F>(dout),
+                                   tokens.data_as<int32_t>(), tokens.shape()[0],
+                                   tokens.shape()[1], dwte.shape()[1], dwte.shape()[0]);
+      });
+    });
+  }
+
+  void do_layernorm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
+                            const Tensor& x, const Tensor& w, const Tensor& b) override {
+    enqueue([y, mean, rstd, x, w, b] {
+      with_compute_type(x.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::layernorm_forward<F>(ptr<F>(y), ptr<F>(mean), ptr<F>(rstd), ptr<F>(x), param<F>(w),
+                                  param<F>(b), x.shape().rows(), x.shape().back());
+      });
+    });
+  }
+
+  void do_layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
+                             const Tensor& dy, const Tensor& x, const Tensor& w,
+                             const Tensor& mean, const Tensor& rstd) override {
+    enqueue([dx, dw, db, dy, x, w, mean, rstd] {
+      with_compute_type(x.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::layernorm_backward<F>(ptr<F>(dx), grad<F>(dw), grad<F>(db), ptr<F>(dy), ptr<F>(x),
+                                   param<F>(w), ptr<F>(mean), ptr<F>(rstd), x.shape().rows(),
+                                   x.shape().back());
+      });
+    });
+  }
+
+  void do_linear_forward(const Tensor& y, const Tensor& x, const Tensor& w,
+                         const Tensor& b) override {
+    enqueue([y, x, w, b] {
+      with_compute_type(x.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::linear_forward<F>(ptr<F>(y), ptr<F>(x), param<F>(w), param<F>(b), b.defined(),
+                               x.shape().rows(), x.shape().back(), w.shape()[1]);
+      });
+    });
+  }
+
+  void do_linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
+                          const Tensor& x, const Tensor& w) override {
+    enqueue([dx, dw, db, dy, x, w] {
+      with_compute_type(x.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::linear_backward<F>(ptr<F>(dx), grad<F>(dw), grad<F>(db), db.defined(), ptr<F>(dy),
+                                ptr<F>(x), param<F>(w), x.shape().rows(), x.shape().back(),
+                                w.shape()[1]);
+      });
+    });
+  }
+
+  void do_linear_t_forward(const Tensor& y, const Tensor& x, const Tensor& w) override {
+    enqueue([y, x, w] {
+      with_compute_type(x.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::linear_t_forward<F>(ptr<F>(y), ptr<F>(x), param<F>(w), x.shape().rows(),
+                                 x.shape().back(), w.shape()[0]);
+      });
+    });
+  }
+
+  void do_linear_t_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy,
+                            const Tensor& x, const Tensor& w) override {
+    enqueue([dx, dw, dy, x, w] {
+      with_compute_type(x.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::linear_t_backward<F>(ptr<F>(dx), grad<F>(dw), ptr<F>(dy), ptr<F>(x), param<F>(w),
+                                  x.shape().rows(), x.shape().back(), w.shape()[0]);
+      });
+    });
+  }
+
+  void do_gelu_forward(const Tensor& y, const Tensor& x) override {
+    enqueue([y, x] {
+      with_compute_type(x.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::gelu_forward<F>(ptr<F>(y), ptr<F>(x), x.numel());
+      });
+    });
+  }
+
+  void do_gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) override {
+    enqueue([dx, dy, x] {
+      with_compute_type(x.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::gelu_backward<F>(ptr<F>(dx), ptr<F>(dy), ptr<F>(x), x.numel());
+      });
+    });
+  }
+
+  void do_attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv,
+                            int n_head) override {
+    enqueue([out, probs, qkv, n_head] {
+      with_compute_type(qkv.type(), [&]<class F>(std::type_identity<F>) {
+        const Shape& s = qkv.shape();
+        cpu::attention_forward<F>(ptr<F>(out), ptr<F>(probs), ptr<F>(qkv), s[0], s[1], s[2] / 3,
+                                  n_head);
+      });
+    });
+  }
+
+  void do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                             const Tensor& probs, int n_head) override {
+    enqueue([dqkv, dout, qkv, probs, n_head] {
+      with_compute_type(qkv.type(), [&]<class F>(std::type_identity<F>) {
+        const Shape& s = qkv.shape();
+        cpu::attention_backward<F>(ptr<F>(dqkv), ptr<F>(dout), ptr<F>(qkv), ptr<F>(probs), s[0],
+                                   s[1], s[2] / 3, n_head);
+      });
+    });
+  }
+
+  void do_add(const Tensor& out, const Tensor& a, const Tensor& b) override {
+    enqueue([out, a, b] {
+      with_compute_type(a.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::add<F>(ptr<F>(out), ptr<F>(a), ptr<F>(b), a.numel());
+      });
+    });
+  }
+
+  void do_accumulate(const Tensor& acc, const Tensor& x) override {
+    enqueue([acc, x] {
+      with_compute_type(x.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::accumulate<F>(ptr<F>(acc), ptr<F>(x), x.numel());
+      });
+    });
+  }
+
+  void do_cross_entropy_forward(const Tensor& loss, const Tensor& losses, const Tensor& logits,
+                                const Tensor& targets) override {
+    enqueue([loss, losses, logits, targets] {
+      with_compute_type(logits.type(), [&]<class F>(std::type_identity<F>) {
+        const F mean = cpu::cross_entropy_forward<F>(ptr<F>(losses), ptr<F>(logits),
+                                                     targets.data_as<int32_t>(),
+                                                     logits.shape().rows(), logits.shape().back());
+        // The loss has the statistics type: fp64 with fp64 activations, else fp32.
+        if (loss.type() == ScalarType::f64)
+          *loss.data_as<double>() = static_cast<double>(mean);
+        else
+          *loss.data_as<F>() = mean;  // the statistics type, F
+      });
+    });
+  }
+
+  void do_cross_entropy_backward(const Tensor& dlogits, const Tensor& logits,
+                                 const Tensor& targets, float scale) override {
+    enqueue([dlogits, logits, targets, scale] {
+      with_compute_type(logits.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::cross_entropy_backward<F>(ptr<F>(dlogits), ptr<F>(logits),
+                                       targets.data_as<int32_t>(), logits.shape().rows(),
+                                       logits.shape().back(), static_cast<F>(scale));
+      });
+    });
+  }
+
+  void do_zero(const Tensor& t) override {
+    enqueue([t] {
+      // 1 MiB per task: big gradient buffers are zeroed by all threads.
+      constexpr size_t kChunk = size_t{1} << 20;
+      const size_t bytes = t.bytes();
+      auto* p = static_cast<unsigned char*>(t.data());
+      tbb::parallel_for(size_t{0}, (bytes + kChunk - 1) / kChunk, [&](size_t i) {
+        std::memset(p + i * kChunk, 0, std::min(kChunk, bytes - i * kChunk));
+      });
+    });
+  }
+
+  void do_check_errors() override { stream().synchronize(); }
+};
+
+}  // namespace
+
+std::unique_ptr<Ops> make_cpu_ops(Device& device, Stream& stream) {
+  ZERO_REQUIRE(device.kind() == DeviceKind::cpu && stream.kind() == DeviceKind::cpu,
+               "make_cpu_ops: " + device.name() + " with stream " + stream.name() +
+                   " is not a cpu device and stream");
+  return std::make_unique<CpuOps>(device, stream);
+}
+
+}  // namespace zero::models

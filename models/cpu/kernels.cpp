@@ -1,0 +1,608 @@
+// The cpu model kernels (contract in kernels.hpp).
+//
+// Partitioning, the whole of the determinism argument: every parallel loop below runs over
+// blocks whose bounds depend only on the shapes and the constants here, and each block writes
+// its own outputs. A sum over rows (a parameter gradient) is never split by thread: rows are cut
+// into fixed blocks of kSumRows, each block sums its rows in order into its own partial, and one
+// loop adds the partials in block order (sum_rows). Matrix products go to the BLAS one fixed
+// block or tile per call, so a call's result never depends on how oneTBB scheduled the blocks.
+#include "models/cpu/kernels.hpp"
+
+#include <cblas.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <bit>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "runtime/core/dtype.hpp"
+#include "runtime/core/error.hpp"
+
+namespace zero::models::cpu {
+namespace {
+
+// Rows per BLAS call for row-partitioned products. Each call re-packs the whole right-hand
+// matrix; from 128 rows on that costs under ~10% against one big call (measured on the LM head,
+// 1024 x 768 x 50257 single-threaded OpenBLAS 0.3.21), while still giving 8 tasks per 1k rows.
+constexpr int64_t kGemmRows = 128;
+// Output tile edge of the weight-gradient products (x^T dy): 256 x 256 F of scratch per tile.
+constexpr int64_t kTile = 256;
+// Rows per partial in sum_rows, and columns per task when the partials are added up.
+constexpr int64_t kSumRows = 64;
+constexpr int64_t kSumCols = 256;
+// Rows per task for row-wise kernels (layernorm, softmax, embedding).
+constexpr int64_t kRowBlock = 16;
+// Elements per task for elementwise kernels and conversions.
+constexpr int64_t kElemBlock = 16384;
+
+// fn(begin, end) over [0, n) cut into blocks of `block`, the blocks in parallel.
+template <class Fn>
+void for_blocks(int64_t n, int64_t block, const Fn& fn) {
+  const int64_t blocks = (n + block - 1) / block;
+  tbb::parallel_for(int64_t{0}, blocks, [&](int64_t i) {
+    fn(i * block, std::min(n, (i + 1) * block));
+  });
+}
+
+template <class F>
+std::unique_ptr<F[]> scratch(int64_t n) {
+  return std::make_unique_for_overwrite<F[]>(static_cast<size_t>(n));
+}
+
+blasint blas_dim(int64_t v) {
+  ZERO_REQUIRE(v >= 0 && v <= INT_MAX, "cpu kernels: a matrix dimension of " + std::to_string(v) +
+                                           " exceeds the BLAS's 32-bit indices");
+  return static_cast<blasint>(v);
+}
+
+// Row-major C[M,N] = alpha op(A) op(B) + beta C, with the BLAS's quirks handled: nothing to do
+// for an empty C, and K = 0 means op(A) op(B) = 0 (the BLAS rejects its leading dimensions).
+template <class F>
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, F alpha, const F* A, int64_t lda,
+          const F* B, int64_t ldb, F beta, F* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == F(0) ? F(0) : beta * C[i * ldc + j];
+    return;
+  }
+  const CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE opb = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::same_as<F, float>) {
+    cblas_sgemm(CblasRowMajor, opa, opb, blas_dim(M), blas_dim(N), blas_dim(K), alpha, A,
+                blas_dim(lda), B, blas_dim(ldb), beta, C, blas_dim(ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, opa, opb, blas_dim(M), blas_dim(N), blas_dim(K), alpha, A,
+                blas_dim(lda), B, blas_dim(ldb), beta, C, blas_dim(ldc));
+  }
+}
+
+// out[0, width) = sum over i in [0, rows) of the row terms add_row(i, acc) adds into acc, in a
+// fixed order (the file comment): partials of kSumRows rows, then the partials in block order.
+template <class F, class AddRow>
+void sum_rows(int64_t rows, int64_t width, F* out, const AddRow& add_row) {
+  const int64_t blocks = (rows + kSumRows - 1) / kSumRows;
+  std::vector<F> partial(static_cast<size_t>(blocks * width), F(0));
+  for_blocks(rows, kSumRows, [&](int64_t i0, int64_t i1) {
+    F* acc = partial.data() + (i0 / kSumRows) * width;
+    for (int64_t i = i0; i < i1; ++i) add_row(i, acc);
+  });
+  for_blocks(width, kSumCols, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) out[j] = F(0);
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const F* p = partial.data() + blk * width;
+      for (int64_t j = j0; j < j1; ++j) out[j] += p[j];
+    }
+  });
+}
+
+// g[M,Nc] += A^T B with A [K,M] (leading dimension lda) and B [K,Nc] (ldb): one BLAS call per
+// fixed output tile into scratch, then one rounded add per element.
+template <class F>
+void add_at_b(Grad<F> g, int64_t M, int64_t Nc, int64_t K, const F* A, int64_t lda, const F* B,
+              int64_t ldb) {
+  const int64_t tm = (M + kTile - 1) / kTile, tn = (Nc + kTile - 1) / kTile;
+  tbb::parallel_for(int64_t{0}, tm * tn, [&](int64_t tile) {
+    const int64_t i0 = (tile / tn) * kTile, j0 = (tile % tn) * kTile;
+    const int64_t mi = std::min(kTile, M - i0), nj = std::min(kTile, Nc - j0);
+    const auto buf = scratch<F>(mi * nj);
+    gemm<F>(true, false, mi, nj, K, F(1), A + i0, lda, B + j0, ldb, F(0), buf.get(), nj);
+    for (int64_t r = 0; r < mi; ++r) g.add((i0 + r) * Nc + j0, buf.get() + r * nj, nj);
+  });
+}
+
+// Throws for the first id outside [0, V) in memory order (-1 passes when allow_ignore).
+void check_ids(const char* op, const char* what, const int32_t* ids, int64_t B, int64_t T,
+               int64_t V, bool allow_ignore) {
+  for (int64_t i = 0; i < B * T; ++i) {
+    const int32_t id = ids[i];
+    if ((id >= 0 && id < V) || (allow_ignore && id == -1)) continue;
+    const std::string where = allow_ignore ? "row " + std::to_string(i)
+                                           : "[b=" + std::to_string(i / T) + ", t=" +
+                                                 std::to_string(i % T) + "]";
+    ZERO_FAIL(std::string(op) + ": " + what + " " + std::to_string(id) + " at " + where +
+              " is outside the vocabulary [0, " + std::to_string(V) + ")" +
+              (allow_ignore ? " (-1 marks a row to ignore)" : ""));
+  }
+}
+
+// The maximum of row[0, n).
+template <class F>
+F row_max(const F* row, int64_t n) {
+  F m = -std::numeric_limits<F>::infinity();
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
+  return m;
+}
+
+// out[j] = exp(in[j] - max) over [0, n) (out may be in); returns their sum. Shifting by the
+// maximum keeps every exp in (0, 1]: no overflow, and the sum is at least 1.
+// exp for fp32 that the compiler vectorises (std::exp is one libm call per element, and GELU's
+// tanh and the softmaxes were over a third of a training step's time). Cody-Waite reduction
+// x = n ln2 + r with |r| <= ln2/2, a degree-7 Taylor polynomial for e^r (truncation below 7e-9
+// relative), 2^n written into the exponent bits: within 2 ulp of e^x. Inputs are clamped to
+// [-87, 88], inside fp32's normal range (softmax arguments are <= 0; GELU saturates long before).
+// Plain +, * and a round-to-nearest trick only: the same bits on every x86 host and thread count.
+inline float exp_fast(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  constexpr float kShifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (x * 1.44269504088896341f + kShifter) - kShifter;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln2 = 0.693359375 - 2.12e-4
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+}
+// fp64 is the reference precision: the library's exp.
+inline float exp_of(float x) { return exp_fast(x); }
+inline double exp_of(double x) { return std::exp(x); }
+
+template <class F>
+F exp_shifted(const F* in, F* out, int64_t n) {
+  const F m = row_max(in, n);
+  // Two loops: the exponentials vectorise, the sum stays in index order (deterministic).
+  for (int64_t j = 0; j < n; ++j) out[j] = exp_of(in[j] - m);
+  F sum = 0;
+  for (int64_t j = 0; j < n; ++j) sum += out[j];
+  return sum;
+}
+
+template <class F>
+constexpr bool can_store(ScalarType t) {
+  if (t == scalar_type_of<F>) return true;
+  return std::same_as<F, float> && (t == ScalarType::f16 || t == ScalarType::bf16);
+}
+
+}  // namespace
+
+// ---- parameters and gradients in their storage types -------------------------------------------
+
+template <ComputeType F>
+Param<F>::Param(const void* data, ScalarType type) : data_(data), type_(type) {
+  ZERO_REQUIRE(can_store<F>(type), "cpu kernels: a " + std::string(to_string(type)) +
+                                       " parameter cannot be read in " +
+                                       std::string(to_string(scalar_type_of<F>)));
+}
+
+template <ComputeType F>
+void Param<F>::load(int64_t offset, F* dst, int64_t n) const {
+  const auto* src = static_cast<const char*>(data_) + static_cast<size_t>(offset) * size_of(type_);
+  if (type_ == scalar_type_of<F>) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(F));
+  } else if constexpr (std::same_as<F, float>) {
+    convert(src, *to_dtype(type_), dst, DType::f32, static_cast<size_t>(n));
+  }
+}
+
+template <ComputeType F>
+const F* Param<F>::dense(int64_t n, std::unique_ptr<F[]>& buf) const {
+  if (type_ == scalar_type_of<F>) return static_cast<const F*>(data_);
+  buf = scratch<F>(n);
+  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) { load(i0, buf.get() + i0, i1 - i0); });
+  return buf.get();
+}
+
+template <ComputeType F>
+Grad<F>::Grad(void* data, ScalarType type) : data_(data), type_(type) {
+  ZERO_REQUIRE(can_store<F>(type), "cpu kernels: a " + std::string(to_string(type)) +
+                   " gradient cannot accumulate in " + std::string(to_string(scalar_type_of<F>)));
+}
+
+template <ComputeType F>
+void Grad<F>::add(int64_t offset, const F* v, int64_t n) const {
+  if (type_ == scalar_type_of<F>) {
+    F* p = static_cast<F*>(data_) + offset;
+    for (int64_t i = 0; i < n; ++i) p[i] += v[i];
+  } else if constexpr (std::same_as<F, float>) {
+    if (type_ == ScalarType::bf16) {
+      bfloat16* p = static_cast<bfloat16*>(data_) + offset;
+      for (int64_t i = 0; i < n; ++i) p[i] = to_bfloat16(to_float(p[i]) + v[i]);
+    } else {
+      half* p = static_cast<half*>(data_) + offset;
+      for (int64_t i = 0; i < n; ++i) p[i] = to_half(to_float(p[i]) + v[i]);
+    }
+  }
+}
+
+// ---- embedding ---------------------------------------------------------------------------------
+
+template <ComputeType F>
+void embedding_forward(F* out, const int32_t* tokens, Param<F> wte, Param<F> wpe, int64_t B,
+                       int64_t T, int64_t C, int64_t V) {
+  check_ids("embedding_forward", "token id", tokens, B, T, V, false);
+  for_blocks(B * T, kRowBlock, [&](int64_t r0, int64_t r1) {
+    const auto pos = scratch<F>(C);
+    for (int64_t r = r0; r < r1; ++r) {
+      F* o = out + r * C;
+      wte.load(int64_t{tokens[r]} * C, o, C);
+      wpe.load((r % T) * C, pos.get(), C);
+      for (int64_t c = 0; c < C; ++c) o[c] += pos[c];
+    }
+  });
+}
+
+template <ComputeType F>
+void embedding_backward(Grad<F> dwte, Grad<F> dwpe, const F* dout, const int32_t* tokens,
+                        int64_t B, int64_t T, int64_t C, int64_t V) {
+  check_ids("embedding_backward", "token id", tokens, B, T, V, false);
+  // dwte: positions grouped by token (in (b,t) order within a group), one task per group range,
+  // so each touched row of dwte gets one summed contribution.
+  std::vector<int64_t> order(static_cast<size_t>(B * T));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return tokens[a] < tokens[b]; });
+  std::vector<int64_t> starts;
+  for (size_t i = 0; i < order.size(); ++i)
+    if (i == 0 || tokens[order[i]] != tokens[order[i - 1]]) starts.push_back(int64_t(i));
+  starts.push_back(B * T);
+  const int64_t groups = int64_t(starts.size()) - 1;
+  for_blocks(groups, kRowBlock, [&](int64_t g0, int64_t g1) {
+    const auto acc = scratch<F>(C);
+    for (int64_t g = g0; g < g1; ++g) {
+      std::fill_n(acc.get(), C, F(0));
+      for (int64_t i = starts[g]; i < starts[g + 1]; ++i) {
+        const F* d = dout + order[i] * C;
+        for (int64_t c = 0; c < C; ++c) acc[c] += d[c];
+      }
+      dwte.add(int64_t{tokens[order[starts[g]]]} * C, acc.get(), C);
+    }
+  });
+  // dwpe: one task per position block, batches summed in order.
+  for_blocks(T, kRowBlock, [&](int64_t t0, int64_t t1) {
+    const auto acc = scratch<F>(C);
+    for (int64_t t = t0; t < t1; ++t) {
+      std::fill_n(acc.get(), C, F(0));
+      for (int64_t b = 0; b < B; ++b) {
+        const F* d = dout + (b * T + t) * C;
+        for (int64_t c = 0; c < C; ++c) acc[c] += d[c];
+      }
+      dwpe.add(t * C, acc.get(), C);
+    }
+  });
+}
+
+// ---- layernorm ---------------------------------------------------------------------------------
+
+template <ComputeType F>
+void layernorm_forward(F* y, F* mean, F* rstd, const F* x, Param<F> w, Param<F> b, int64_t N,
+                       int64_t C) {
+  std::unique_ptr<F[]> wbuf, bbuf;
+  const F* wd = w.dense(C, wbuf);
+  const F* bd = b.dense(C, bbuf);
+  for_blocks(N, kRowBlock, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const F* xr = x + r * C;
+      F sum = 0;
+      for (int64_t c = 0; c < C; ++c) sum += xr[c];
+      const F m = sum / F(C);
+      F var = 0;  // two passes: no cancellation when |mean| >> std
+      for (int64_t c = 0; c < C; ++c) var += (xr[c] - m) * (xr[c] - m);
+      const F s = F(1) / std::sqrt(var / F(C) + F(1e-5));
+      F* yr = y + r * C;
+      for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * s * wd[c] + bd[c];
+      mean[r] = m;
+      rstd[r] = s;
+    }
+  });
+}
+
+template <ComputeType F>
+void layernorm_backward(F* dx, Grad<F> dw, Grad<F> db, const F* dy, const F* x, Param<F> w,
+                        const F* mean, const F* rstd, int64_t N, int64_t C) {
+  std::unique_ptr<F[]> wbuf;
+  const F* wd = w.dense(C, wbuf);
+  for_blocks(N, kRowBlock, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const F* xr = x + r * C;
+      const F* dyr = dy + r * C;
+      const F m = mean[r], s = rstd[r];
+      F sum_g = 0, sum_gx = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        const F g = dyr[c] * wd[c];
+        sum_g += g;
+        sum_gx += g * (xr[c] - m) * s;
+      }
+      const F mg = sum_g / F(C), mgx = sum_gx / F(C);
+      F* dxr = dx + r * C;
+      for (int64_t c = 0; c < C; ++c)
+        dxr[c] = s * (dyr[c] * wd[c] - mg - (xr[c] - m) * s * mgx);
+    }
+  });
+  // [0, C): dw's contribution, [C, 2C): db's.
+  const auto sums = scratch<F>(2 * C);
+  sum_rows<F>(N, 2 * C, sums.get(), [&](int64_t r, F* acc) {
+    const F* xr = x + r * C;
+    const F* dyr = dy + r * C;
+    const F m = mean[r], s = rstd[r];
+    for (int64_t c = 0; c < C; ++c) {
+      acc[c] += dyr[c] * ((xr[c] - m) * s);
+      acc[C + c] += dyr[c];
+    }
+  });
+  dw.add(0, sums.get(), C);
+  db.add(0, sums.get() + C, C);
+}
+
+// ---- linear layers -----------------------------------------------------------------------------
+
+template <ComputeType F>
+void linear_forward(F* y, const F* x, Param<F> w, Param<F> b, bool has_bias, int64_t N, int64_t C,
+                    int64_t OC) {
+  std::unique_ptr<F[]> wbuf, bbuf;
+  const F* wd = w.dense(C * OC, wbuf);
+  const F* bd = has_bias ? b.dense(OC, bbuf) : nullptr;
+  for_blocks(N, kGemmRows, [&](int64_t r0, int64_t r1) {
+    F* yb = y + r0 * OC;
+    if (bd)
+      for (int64_t r = r0; r < r1; ++r) std::copy_n(bd, OC, y + r * OC);
+    gemm<F>(false, false, r1 - r0, OC, C, F(1), x + r0 * C, C, wd, OC, bd ? F(1) : F(0), yb, OC);
+  });
+}
+
+template <ComputeType F>
+void linear_backward(F* dx, Grad<F> dw, Grad<F> db, bool has_bias, const F* dy, const F* x,
+                     Param<F> w, int64_t N, int64_t C, int64_t OC) {
+  if (dx) {
+    std::unique_ptr<F[]> wbuf;
+    const F* wd = w.dense(C * OC, wbuf);
+    for_blocks(N, kGemmRows, [&](int64_t r0, int64_t r1) {
+      gemm<F>(false, true, r1 - r0, C, OC, F(1), dy + r0 * OC, OC, wd, OC, F(0), dx + r0 * C, C);
+    });
+  }
+  add_at_b<F>(dw, C, OC, N, x, C, dy, OC);
+  if (has_bias) {
+    const auto sums = scratch<F>(OC);
+    sum_rows<F>(N, OC, sums.get(), [&](int64_t r, F* acc) {
+      const F* d = dy + r * OC;
+      for (int64_t j = 0; j < OC; ++j) acc[j] += d[j];
+    });
+    db.add(0, sums.get(), OC);
+  }
+}
+
+template <ComputeType F>
+void linear_t_forward(F* y, const F* x, Param<F> w, int64_t N, int64_t C, int64_t V) {
+  std::unique_ptr<F[]> wbuf;
+  const F* wd = w.dense(V * C, wbuf);
+  for_blocks(N, kGemmRows, [&](int64_t r0, int64_t r1) {
+    gemm<F>(false, true, r1 - r0, V, C, F(1), x + r0 * C, C, wd, C, F(0), y + r0 * V, V);
+  });
+}
+
+template <ComputeType F>
+void linear_t_backward(F* dx, Grad<F> dw, const F* dy, const F* x, Param<F> w, int64_t N,
+                       int64_t C, int64_t V) {
+  std::unique_ptr<F[]> wbuf;
+  const F* wd = w.dense(V * C, wbuf);
+  for_blocks(N, kGemmRows, [&](int64_t r0, int64_t r1) {
+    gemm<F>(false, false, r1 - r0, C, V, F(1), dy + r0 * V, V, wd, C, F(0), dx + r0 * C, C);
+  });
+  add_at_b<F>(dw, V, C, N, dy, V, x, C);
+}
+
+// ---- GELU --------------------------------------------------------------------------------------
+
+namespace {
+// sqrt(2 / pi) and the cubic coefficient of GPT-2's approximation.
+constexpr double kGeluScale = 0.7978845608028654;
+constexpr double kGeluCubic = 0.044715;
+}  // namespace
+
+// 0.5 (1 + tanh(u)) is the logistic function s = 1 / (1 + e^(-2u)), so GELU is v s and its
+// derivative s + 2 v s (1 - s) du/dv (as 1 - tanh^2 = 4 s (1 - s)): one exponential, no
+// cancellation near u = 0, and it vectorises through exp_of.
+template <ComputeType F>
+void gelu_forward(F* y, const F* x, int64_t n) {
+  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const F v = x[i];
+      const F u = F(kGeluScale) * (v + F(kGeluCubic) * v * v * v);
+      y[i] = v / (F(1) + exp_of(F(-2) * u));
+    }
+  });
+}
+
+template <ComputeType F>
+void gelu_backward(F* dx, const F* dy, const F* x, int64_t n) {
+  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const F v = x[i];
+      const F s = F(1) / (F(1) + exp_of(F(-2) * F(kGeluScale) * (v + F(kGeluCubic) * v * v * v)));
+      const F du = F(kGeluScale) * (F(1) + F(3 * kGeluCubic) * v * v);
+      dx[i] = dy[i] * (s + F(2) * v * s * (F(1) - s) * du);
+    }
+  });
+}
+
+// ---- attention ---------------------------------------------------------------------------------
+// One task per (batch, head); its q, k, v, out and dqkv slices are strided views of the [B,T,3C]
+// and [B,T,C] buffers (leading dimension 3C or C). Scores are computed for the whole T x T square
+// by one BLAS call and the upper triangle overwritten with 0, which makes P @ V add exact zeros
+// for future positions: out at t is bitwise independent of inputs at t' > t.
+
+template <ComputeType F>
+void attention_forward(F* out, F* probs, const F* qkv, int64_t B, int64_t T, int64_t C,
+                       int64_t NH) {
+  const int64_t hs = C / NH;
+  const F scale = F(1) / std::sqrt(F(hs));
+  tbb::parallel_for(int64_t{0}, B * NH, [&](int64_t bh) {
+    const int64_t b = bh / NH, h = bh % NH;
+    const F* q = qkv + b * T * 3 * C + h * hs;
+    F* P = probs + bh * T * T;
+    gemm<F>(false, true, T, T, hs, scale, q, 3 * C, q + C, 3 * C, F(0), P, T);
+    for (int64_t t = 0; t < T; ++t) {
+      F* row = P + t * T;
+      const F inv = F(1) / exp_shifted(row, row, t + 1);
+      for (int64_t j = 0; j <= t; ++j) row[j] *= inv;
+      std::fill(row + t + 1, row + T, F(0));
+    }
+    gemm<F>(false, false, T, hs, T, F(1), P, T, q + 2 * C, 3 * C, F(0), out + b * T * C + h * hs,
+            C);
+  });
+}
+
+template <ComputeType F>
+void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* probs, int64_t B,
+                        int64_t T, int64_t C, int64_t NH) {
+  const int64_t hs = C / NH;
+  const F scale = F(1) / std::sqrt(F(hs));
+  tbb::parallel_for(int64_t{0}, B * NH, [&](int64_t bh) {
+    const int64_t b = bh / NH, h = bh % NH;
+    const F* q = qkv + b * T * 3 * C + h * hs;
+    const F* k = q + C;
+    const F* v = q + 2 * C;
+    F* dq = dqkv + b * T * 3 * C + h * hs;
+    F* dk = dq + C;
+    F* dv = dq + 2 * C;
+    const F* P = probs + bh * T * T;
+    const F* dO = dout + b * T * C + h * hs;
+    const auto dS = scratch<F>(T * T);
+    gemm<F>(false, true, T, T, hs, F(1), dO, C, v, 3 * C, F(0), dS.get(), T);  // dP = dO V^T
+    gemm<F>(true, false, T, hs, T, F(1), P, T, dO, C, F(0), dv, 3 * C);         // dV = P^T dO
+    // Softmax backward, row by row: dS = P * (dP - sum_j P dP); 0 above the diagonal.
+    for (int64_t t = 0; t < T; ++t) {
+      const F* p = P + t * T;
+      F* d = dS.get() + t * T;
+      F dot = 0;
+      for (int64_t j = 0; j <= t; ++j) dot += p[j] * d[j];
+      for (int64_t j = 0; j <= t; ++j) d[j] = p[j] * (d[j] - dot);
+      std::fill(d + t + 1, d + T, F(0));
+    }
+    gemm<F>(false, false, T, hs, T, scale, dS.get(), T, k, 3 * C, F(0), dq, 3 * C);  // dS K
+    gemm<F>(true, false, T, hs, T, scale, dS.get(), T, q, 3 * C, F(0), dk, 3 * C);   // dS^T Q
+  });
+}
+
+// ---- elementwise -------------------------------------------------------------------------------
+
+template <ComputeType F>
+void add(F* out, const F* a, const F* b, int64_t n) {
+  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = a[i] + b[i];
+  });
+}
+
+template <ComputeType F>
+void accumulate(F* acc, const F* x, int64_t n) {
+  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) acc[i] += x[i];
+  });
+}
+
+// ---- cross-entropy -----------------------------------------------------------------------------
+
+template <ComputeType F>
+F cross_entropy_forward(F* losses, const F* logits, const int32_t* targets, int64_t N, int64_t V) {
+  check_ids("cross_entropy_forward", "target", targets, 1, N, V, true);
+  for_blocks(N, kRowBlock, [&](int64_t r0, int64_t r1) {
+    std::vector<F> e(static_cast<size_t>(V));  // per block: the exponentials of one row
+    for (int64_t r = r0; r < r1; ++r) {
+      if (targets[r] < 0) {
+        losses[r] = 0;
+        continue;
+      }
+      const F* row = logits + r * V;
+      const F m = row_max(row, V);
+      const F sum = exp_shifted(row, e.data(), V);
+      losses[r] = m + std::log(sum) - row[targets[r]];  // logsumexp - the target's logit
+    }
+  });
+  // The mean, in row order; in double, so that the fp32 loss of many rows is not the rounding
+  // error of a long fp32 sum.
+  double total = 0;
+  int64_t count = 0;
+  for (int64_t r = 0; r < N; ++r) {
+    if (targets[r] < 0) continue;
+    total += double(losses[r]);
+    ++count;
+  }
+  return count == 0 ? F(0) : F(total / double(count));
+}
+
+template <ComputeType F>
+void cross_entropy_backward(F* dlogits, const F* logits, const int32_t* targets, int64_t N,
+                            int64_t V, F scale) {
+  check_ids("cross_entropy_backward", "target", targets, 1, N, V, true);
+  const int64_t count = std::count_if(targets, targets + N, [](int32_t t) { return t >= 0; });
+  const F f = count == 0 ? F(0) : scale / F(count);
+  for_blocks(N, kRowBlock, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      F* d = dlogits + r * V;
+      if (targets[r] < 0) {
+        std::fill_n(d, V, F(0));
+        continue;
+      }
+      const F inv = F(1) / exp_shifted(logits + r * V, d, V);
+      const F p_target = d[targets[r]] * inv;
+      for (int64_t j = 0; j < V; ++j) d[j] = f * (d[j] * inv);
+      d[targets[r]] = f * (p_target - F(1));
+    }
+  });
+}
+
+// ---- instantiations ----------------------------------------------------------------------------
+
+#define ZERO_CPU_KERNELS(F)                                                                      \
+  template class Param<F>;                                                                       \
+  template class Grad<F>;                                                                        \
+  template void embedding_forward<F>(F*, const int32_t*, Param<F>, Param<F>, int64_t, int64_t,   \
+                                     int64_t, int64_t);                                          \
+  template void embedding_backward<F>(Grad<F>, Grad<F>, const F*, const int32_t*, int64_t,       \
+                                      int64_t, int64_t, int64_t);                                \
+  template void layernorm_forward<F>(F*, F*, F*, const F*, Param<F>, Param<F>, int64_t,          \
+                                     int64_t);                                                   \
+  template void layernorm_backward<F>(F*, Grad<F>, Grad<F>, const F*, const F*, Param<F>,        \
+                                      const F*, const F*, int64_t, int64_t);                     \
+  template void linear_forward<F>(F*, const F*, Param<F>, Param<F>, bool, int64_t, int64_t,      \
+                                  int64_t);                                                      \
+  template void linear_backward<F>(F*, Grad<F>, Grad<F>, bool, const F*, const F*, Param<F>,     \
+                                   int64_t, int64_t, int64_t);                                   \
+  template void linear_t_forward<F>(F*, const F*, Param<F>, int64_t, int64_t, int64_t);          \
+  template void linear_t_backward<F>(F*, Grad<F>, const F*, const F*, Param<F>, int64_t,         \
+                                     int64_t, int64_t);                                          \
+  template void gelu_forward<F>(F*, const F*, int64_t);                                          \
+  template void gelu_backward<F>(F*, const F*, const F*, int64_t);                               \
+  template void attention_forward<F>(F*, F*, const F*, int64_t, int64_t, int64_t, int64_t);      \
+  template void attention_backward<F>(F*, const F*, const F*, const F*, int64_t, int64_t,        \
+                                      int64_t, int64_t);                                         \
+  template void add<F>(F*, const F*, const F*, int64_t);                                         \
+  template void accumulate<F>(F*, const F*, int64_t);                                            \
+  template F cross_entropy_forward<F>(F*, const F*, const int32_t*, int64_t, int64_t);           \
+  template void cross_entropy_backward<F>(F*, const F*, const int32_t*, int64_t, int64_t, F);
+
+ZERO_CPU_KERNELS(float)
+ZERO_CPU_KERNELS(double)
+#undef ZERO_CPU_KERNELS
+
+}  // namespace zero::models::cpu

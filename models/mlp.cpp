@@ -1,0 +1,215 @@
+#include "models/mlp.hpp"
+
+#include <cmath>
+#include <string>
+#include <utility>
+
+namespace zero::models {
+namespace {
+
+class MlpUnit : public Unit {
+ public:
+  MlpUnit(std::string name, std::vector<int> ids, Ops& ops, const MlpOptions& o, bool first)
+      : name_(std::move(name)), ids_(std::move(ids)), ops_(ops), opt_(o), first_(first) {}
+  const std::string& name() const noexcept override { return name_; }
+  std::span<const int> param_ids() const noexcept override { return ids_; }
+
+ protected:
+  Tensor act(Shape s) const { return Tensor::empty(ops_.device(), s, opt_.activation_type, MemCategory::activations); }
+  // The first Unit reads the batch's features; the others the previous Unit's output.
+  const Tensor& input(const UnitContext& ctx) const {
+    if (!first_) {
+      ZERO_REQUIRE(ctx.input, "mlp unit " + name_ + ": forward without an input");
+      return ctx.input;
+    }
+    ZERO_REQUIRE(ctx.batch && ctx.batch->inputs && ctx.batch->inputs.shape().rank() == 2 &&
+                     ctx.batch->inputs.shape()[1] == opt_.shape.in_features,
+                 "mlp: the batch inputs must be features [B, " + std::to_string(opt_.shape.in_features) +
+                     "], got " + (ctx.batch ? ctx.batch->inputs.describe() : std::string("no batch")));
+    return ctx.batch->inputs;
+  }
+  void require(const UnitContext& ctx, bool backward) const {
+    ZERO_REQUIRE(ctx.params.size() == 2 && (!backward || ctx.grads.size() == 2),
+                 "mlp unit " + name_ + ": expected 2 parameter (and gradient) tensors");
+  }
+
+  std::string name_;
+  std::vector<int> ids_;
+  Ops& ops_;
+  MlpOptions opt_;
+  bool first_;
+};
+
+struct HiddenState final : UnitState {
+  Tensor h;  // pre-activation
+};
+
+class HiddenUnit final : public MlpUnit {
+ public:
+  using MlpUnit::MlpUnit;
+  bool checkpointable() const noexcept override { return true; }
+  void forward(UnitContext& ctx) override {
+    require(ctx, false);
+    auto s = std::make_unique<HiddenState>();
+    ctx.output = run(ctx, *s);
+    if (!ctx.checkpoint) ctx.state = std::move(s);
+  }
+  void backward(UnitContext& ctx) override {
+    require(ctx, true);
+    std::unique_ptr<HiddenState> owned;
+    auto* s = dynamic_cast<HiddenState*>(ctx.state.get());
+    if (s == nullptr) {  // checkpointed: recompute the pre-activation
+      owned = std::make_unique<HiddenState>();
+      (void)run(ctx, *owned);
+      s = owned.get();
+    }
+    const Tensor& x = input(ctx);
+    Tensor dh = act(s->h.shape());
+    ops_.gelu_backward(dh, ctx.grad_output, s->h);
+    Tensor dx = first_ ? Tensor() : act(x.shape());
+    ops_.linear_backward(dx, ctx.grads[0], ctx.grads[1], dh, x, ctx.params[0]);
+    ctx.grad_input = dx;
+    ctx.state.reset();
+  }
+
+ private:
+  Tensor run(const UnitContext& ctx, HiddenState& s) const {
+    const Tensor& x = input(ctx);
+    s.h = act(Shape{x.shape()[0], ctx.params[0].shape()[1]});
+    ops_.linear_forward(s.h, x, ctx.params[0], ctx.params[1]);
+    Tensor y = act(s.h.shape());
+    ops_.gelu_forward(y, s.h);
+    return y;
+  }
+};
+
+struct HeadState final : UnitState {
+  Tensor logits;
+};
+
+class HeadUnit final : public MlpUnit {
+ public:
+  using MlpUnit::MlpUnit;
+  void forward(UnitContext& ctx) override {
+    require(ctx, false);
+    const Tensor& x = input(ctx);
+    const int64_t B = x.shape()[0];
+    const Tensor& labels = ctx.batch->targets;
+    ZERO_REQUIRE(labels && labels.type() == ScalarType::i32 && labels.numel() == B,
+                 "mlp: the batch targets must be int32 labels [B], got " + labels.describe());
+    auto s = std::make_unique<HeadState>();
+    s->logits = act(Shape{B, opt_.shape.classes});
+    ops_.linear_forward(s->logits, x, ctx.params[0], ctx.params[1]);
+    const ScalarType stat = opt_.activation_type == ScalarType::f64 ? ScalarType::f64 : ScalarType::f32;
+    Tensor losses = Tensor::empty(ops_.device(), Shape{B}, stat, MemCategory::activations);
+    ctx.loss = Tensor::empty(ops_.device(), Shape{1}, stat, MemCategory::activations);
+    ops_.cross_entropy_forward(ctx.loss, losses, s->logits, labels);
+    ctx.output = s->logits;
+    ctx.state = std::move(s);
+  }
+  void backward(UnitContext& ctx) override {
+    require(ctx, true);
+    auto* s = dynamic_cast<HeadState*>(ctx.state.get());
+    ZERO_REQUIRE(s != nullptr, "mlp unit " + name_ + ": backward without its forward");
+    const Tensor& x = input(ctx);
+    Tensor dlogits = act(s->logits.shape());
+    ops_.cross_entropy_backward(dlogits, s->logits, ctx.batch->targets, ctx.grad_scale);
+    Tensor dx = first_ ? Tensor() : act(x.shape());
+    ops_.linear_backward(dx, ctx.grads[0], ctx.grads[1], dlogits, x, ctx.params[0]);
+    ctx.grad_input = dx;
+    ctx.state.reset();
+  }
+};
+
+uint64_t mix64(uint64_t x) noexcept {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// N(0, 1) from a counter (Box-Muller on two 32-bit halves).
+float normal(uint64_t key, uint64_t i) {
+  const uint64_t bits = mix64(key ^ mix64(i));
+  const double u1 = (static_cast<double>(bits >> 32) + 1.0) / 4294967296.0;
+  const double u2 = static_cast<double>(bits & 0xffffffffULL) / 4294967296.0;
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+}  // namespace
+
+Model make_mlp(const MlpOptions& o, Ops& ops) {
+  const MlpShape& s = o.shape;
+  ZERO_REQUIRE(s.in_features > 0 && s.hidden > 0 && s.n_hidden >= 1 && s.classes > 1,
+               "mlp: in_features, hidden must be positive, n_hidden >= 1 and classes >= 2");
+  ZERO_REQUIRE((o.param_type == ScalarType::f64) == (o.activation_type == ScalarType::f64),
+               "mlp: fp64 parameters go with fp64 activations only");
+  Model m;
+  m.name = "mlp(" + std::to_string(s.in_features) + " -> " + std::to_string(s.n_hidden) + " x " +
+           std::to_string(s.hidden) + " -> " + std::to_string(s.classes) + ")";
+  auto add = [&](std::string name, Shape shape, ParamInit init, float std_dev) {
+    ParamSpec p;
+    p.name = std::move(name);
+    p.shape = shape;
+    p.type = o.param_type;
+    p.weight_decay = shape.rank() >= 2;
+    p.init = init;
+    p.init_std = std_dev;
+    m.params.push_back(std::move(p));
+    return static_cast<int>(m.params.size()) - 1;
+  };
+  int in = s.in_features;
+  for (int i = 0; i < s.n_hidden; ++i) {
+    const std::string n = "fc." + std::to_string(i);
+    // He-style scale so activations neither vanish nor explode through the GELUs.
+    const float sd = std::sqrt(2.0f / static_cast<float>(in));
+    std::vector<int> ids{add(n + ".weight", Shape{in, s.hidden}, ParamInit::normal, sd),
+                         add(n + ".bias", Shape{s.hidden}, ParamInit::zeros, 0.0f)};
+    m.units.push_back(std::make_unique<HiddenUnit>(n, std::move(ids), ops, o, i == 0));
+    in = s.hidden;
+  }
+  std::vector<int> ids{add("head.weight", Shape{in, s.classes}, ParamInit::normal,
+                           1.0f / std::sqrt(static_cast<float>(in))),
+                       add("head.bias", Shape{s.classes}, ParamInit::zeros, 0.0f)};
+  m.units.push_back(std::make_unique<HeadUnit>("head", std::move(ids), ops, o, false));
+  return m;
+}
+
+MlpTeacherTask::MlpTeacherTask(MlpShape shape, uint64_t seed)
+    : shape_(shape), seed_(seed), teacher_hidden_(2 * shape.classes + 8) {
+  ZERO_REQUIRE(shape.in_features > 0 && shape.classes > 1, "mlp teacher task: bad shape");
+  const uint64_t key = mix64(seed ^ 0x7465616368ULL);  // "teach"
+  w1_.resize(static_cast<size_t>(shape.in_features) * teacher_hidden_);
+  w2_.resize(static_cast<size_t>(teacher_hidden_) * shape.classes);
+  for (size_t i = 0; i < w1_.size(); ++i) w1_[i] = normal(key, i);
+  for (size_t i = 0; i < w2_.size(); ++i) w2_[i] = normal(key + 1, i);
+}
+
+void MlpTeacherTask::batch(int64_t first, int count, std::vector<float>& features,
+                           std::vector<int32_t>& labels) const {
+  const int D = shape_.in_features, H = teacher_hidden_, K = shape_.classes;
+  features.resize(static_cast<size_t>(count) * D);
+  labels.resize(static_cast<size_t>(count));
+  const uint64_t key = mix64(seed_ ^ 0x6665617475ULL);  // "featu"
+  std::vector<double> hid(static_cast<size_t>(H));
+  for (int r = 0; r < count; ++r) {
+    const uint64_t sample = static_cast<uint64_t>(first + r);
+    float* x = features.data() + static_cast<size_t>(r) * D;
+    for (int d = 0; d < D; ++d) x[d] = normal(key, sample * static_cast<uint64_t>(D) + static_cast<uint64_t>(d));
+    for (int h = 0; h < H; ++h) {
+      double a = 0;
+      for (int d = 0; d < D; ++d) a += static_cast<double>(x[d]) * w1_[static_cast<size_t>(d) * H + h];
+      hid[static_cast<size_t>(h)] = std::tanh(a / std::sqrt(static_cast<double>(D)));
+    }
+    int best = 0;
+    double best_v = -1e300;
+    for (int k = 0; k < K; ++k) {
+      double a = 0;
+      for (int h = 0; h < H; ++h) a += hid[static_cast<size_t>(h)] * w2_[static_cast<size_t>(h) * K + k];
+      if (a > best_v) best_v = a, best = k;
+    }
+    labels[static_cast<size_t>(r)] = best;
+  }
+}
+
+}  // namespace zero::models

@@ -1,0 +1,332 @@
+// The checks every backend shares: shapes and types of each op's operands, so a wrong call
+// fails the same way, with the same message, on cpu and on cuda, before anything is enqueued.
+#include "models/ops.hpp"
+
+#include <string>
+
+namespace zero::models {
+namespace {
+
+std::string str(const Tensor& t) { return t.describe(); }
+
+class Check {
+ public:
+  Check(const char* op, DeviceKind kind) : op_(op), kind_(kind) {}
+
+  [[noreturn]] void fail(const std::string& what) const { ZERO_FAIL(std::string(op_) + ": " + what); }
+
+  void defined(const char* name, const Tensor& t) const {
+    if (!t) fail(std::string(name) + " is missing (an empty tensor)");
+  }
+  void type(const char* name, const Tensor& t, ScalarType want) const {
+    defined(name, t);
+    if (t.type() != want)
+      fail(std::string(name) + " is " + str(t) + ", expected type " + std::string(to_string(want)));
+  }
+  void shape(const char* name, const Tensor& t, const Shape& want) const {
+    defined(name, t);
+    if (!(t.shape() == want)) fail(std::string(name) + " is " + str(t) + ", expected shape " + want.str());
+  }
+  void rank(const char* name, const Tensor& t, int r) const {
+    defined(name, t);
+    if (t.shape().rank() != r)
+      fail(std::string(name) + " is " + str(t) + ", expected " + std::to_string(r) + " dimensions");
+  }
+  void at_least_rank(const char* name, const Tensor& t, int r) const {
+    defined(name, t);
+    if (t.shape().rank() < r)
+      fail(std::string(name) + " is " + str(t) + ", expected at least " + std::to_string(r) +
+           " dimension(s)");
+  }
+  void numel(const char* name, const Tensor& t, int64_t n) const {
+    defined(name, t);
+    if (t.numel() != n)
+      fail(std::string(name) + " is " + str(t) + ", expected " + std::to_string(n) + " elements");
+  }
+  // The activation type of the call: a float type the backend computes in.
+  ScalarType activation(const char* name, const Tensor& t) const {
+    defined(name, t);
+    const ScalarType a = t.type();
+    if (kind_ == DeviceKind::cpu && a != ScalarType::f32 && a != ScalarType::f64)
+      fail(std::string(name) + " is " + str(t) +
+           ": the cpu backend computes in fp32 or fp64 (16-bit types are for parameters and "
+           "gradients there)");
+    if (kind_ == DeviceKind::cuda && a == ScalarType::f64)
+      fail(std::string(name) + " is " + str(t) + ": fp64 is the cpu backend's reference precision");
+    if (a == ScalarType::i32) fail(std::string(name) + " is " + str(t) + ", expected a float type");
+    return a;
+  }
+  void same(const char* name, const Tensor& t, const Tensor& like) const {
+    type(name, t, like.type());
+    shape(name, t, like.shape());
+  }
+  void same_count(const char* name, const Tensor& t, const Tensor& like) const {
+    type(name, t, like.type());
+    numel(name, t, like.numel());
+  }
+  // A parameter: a float type; fp64 exactly when the activations are.
+  void param(const char* name, const Tensor& t, const Shape& want, ScalarType a) const {
+    shape(name, t, want);
+    if (t.type() == ScalarType::i32) fail(std::string(name) + " is " + str(t) + ", expected a float type");
+    if ((t.type() == ScalarType::f64) != (a == ScalarType::f64))
+      fail(std::string(name) + " is " + str(t) + " but the activations are " +
+           std::string(to_string(a)) + ": fp64 parameters go with fp64 activations only");
+  }
+  // A gradient of a parameter shaped `want`: fp32, or the activation-matching float type.
+  void grad(const char* name, const Tensor& t, const Shape& want, ScalarType a) const {
+    param(name, t, want, a);
+  }
+  void stats(const char* name, const Tensor& t, int64_t rows, ScalarType a) const {
+    type(name, t, a == ScalarType::f64 ? ScalarType::f64 : ScalarType::f32);
+    numel(name, t, rows);
+  }
+
+ private:
+  const char* op_;
+  DeviceKind kind_;
+};
+
+}  // namespace
+
+void Ops::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                            const Tensor& wpe) {
+  const Check c("embedding_forward", device_.kind());
+  c.type("tokens", tokens, ScalarType::i32);
+  c.rank("tokens", tokens, 2);
+  const ScalarType a = c.activation("out", out);
+  c.rank("wte", wte, 2);
+  c.rank("wpe", wpe, 2);
+  const int64_t B = tokens.shape()[0], T = tokens.shape()[1], C = wte.shape()[1];
+  c.param("wte", wte, wte.shape(), a);
+  c.param("wpe", wpe, Shape{wpe.shape()[0], C}, a);
+  if (T > wpe.shape()[0])
+    c.fail("a sequence of " + std::to_string(T) + " tokens is longer than the " +
+           std::to_string(wpe.shape()[0]) + " positions of wpe");
+  c.shape("out", out, Shape{B, T, C});
+  do_embedding_forward(out, tokens, wte, wpe);
+}
+
+void Ops::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                             const Tensor& tokens) {
+  const Check c("embedding_backward", device_.kind());
+  c.type("tokens", tokens, ScalarType::i32);
+  c.rank("tokens", tokens, 2);
+  const ScalarType a = c.activation("dout", dout);
+  c.rank("dwte", dwte, 2);
+  c.rank("dwpe", dwpe, 2);
+  const int64_t B = tokens.shape()[0], T = tokens.shape()[1], C = dwte.shape()[1];
+  c.shape("dout", dout, Shape{B, T, C});
+  c.grad("dwte", dwte, dwte.shape(), a);
+  c.grad("dwpe", dwpe, Shape{dwpe.shape()[0], C}, a);
+  if (T > dwpe.shape()[0])
+    c.fail("a sequence of " + std::to_string(T) + " tokens is longer than the " +
+           std::to_string(dwpe.shape()[0]) + " positions of dwpe");
+  do_embedding_backward(dwte, dwpe, dout, tokens);
+}
+
+void Ops::layernorm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
+                            const Tensor& x, const Tensor& w, const Tensor& b) {
+  const Check c("layernorm_forward", device_.kind());
+  const ScalarType a = c.activation("x", x);
+  c.at_least_rank("x", x, 1);
+  const int64_t C = x.shape().back(), rows = x.shape().rows();
+  c.same("y", y, x);
+  c.stats("mean", mean, rows, a);
+  c.stats("rstd", rstd, rows, a);
+  c.param("w", w, Shape{C}, a);
+  c.param("b", b, Shape{C}, a);
+  do_layernorm_forward(y, mean, rstd, x, w, b);
+}
+
+void Ops::layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
+                             const Tensor& dy, const Tensor& x, const Tensor& w,
+                             const Tensor& mean, const Tensor& rstd) {
+  const Check c("layernorm_backward", device_.kind());
+  const ScalarType a = c.activation("x", x);
+  c.at_least_rank("x", x, 1);
+  const int64_t C = x.shape().back(), rows = x.shape().rows();
+  c.same("dx", dx, x);
+  c.same("dy", dy, x);
+  c.param("w", w, Shape{C}, a);
+  c.grad("dw", dw, Shape{C}, a);
+  c.grad("db", db, Shape{C}, a);
+  c.stats("mean", mean, rows, a);
+  c.stats("rstd", rstd, rows, a);
+  do_layernorm_backward(dx, dw, db, dy, x, w, mean, rstd);
+}
+
+void Ops::linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b) {
+  const Check c("linear_forward", device_.kind());
+  const ScalarType a = c.activation("x", x);
+  c.at_least_rank("x", x, 1);
+  c.rank("w", w, 2);
+  const int64_t C = x.shape().back(), rows = x.shape().rows(), OC = w.shape()[1];
+  c.param("w", w, Shape{C, OC}, a);
+  if (b) c.param("b", b, Shape{OC}, a);
+  c.type("y", y, a);
+  c.numel("y", y, rows * OC);
+  if (y.shape().back() != OC) c.fail("y is " + str(y) + ", expected a last dimension of " + std::to_string(OC));
+  do_linear_forward(y, x, w, b);
+}
+
+void Ops::linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
+                          const Tensor& x, const Tensor& w) {
+  const Check c("linear_backward", device_.kind());
+  const ScalarType a = c.activation("x", x);
+  c.at_least_rank("x", x, 1);
+  c.rank("w", w, 2);
+  const int64_t C = x.shape().back(), rows = x.shape().rows(), OC = w.shape()[1];
+  c.param("w", w, Shape{C, OC}, a);
+  c.type("dy", dy, a);
+  c.numel("dy", dy, rows * OC);
+  if (dy.shape().back() != OC) c.fail("dy is " + str(dy) + ", expected a last dimension of " + std::to_string(OC));
+  if (dx) c.same("dx", dx, x);
+  c.grad("dw", dw, Shape{C, OC}, a);
+  if (db) c.grad("db", db, Shape{OC}, a);
+  do_linear_backward(dx, dw, db, dy, x, w);
+}
+
+void Ops::linear_t_forward(const Tensor& y, const Tensor& x, const Tensor& w) {
+  const Check c("linear_t_forward", device_.kind());
+  const ScalarType a = c.activation("x", x);
+  c.at_least_rank("x", x, 1);
+  c.rank("w", w, 2);
+  const int64_t C = x.shape().back(), rows = x.shape().rows(), V = w.shape()[0];
+  c.param("w", w, Shape{V, C}, a);
+  c.type("y", y, a);
+  c.numel("y", y, rows * V);
+  if (y.shape().back() != V) c.fail("y is " + str(y) + ", expected a last dimension of " + std::to_string(V));
+  do_linear_t_forward(y, x, w);
+}
+
+void Ops::linear_t_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                            const Tensor& w) {
+  const Check c("linear_t_backward", device_.kind());
+  const ScalarType a = c.activation("x", x);
+  c.at_least_rank("x", x, 1);
+  c.rank("w", w, 2);
+  const int64_t C = x.shape().back(), rows = x.shape().rows(), V = w.shape()[0];
+  c.param("w", w, Shape{V, C}, a);
+  c.type("dy", dy, a);
+  c.numel("dy", dy, rows * V);
+  if (dy.shape().back() != V) c.fail("dy is " + str(dy) + ", expected a last dimension of " + std::to_string(V));
+  c.same("dx", dx, x);
+  c.grad("dw", dw, Shape{V, C}, a);
+  do_linear_t_backward(dx, dw, dy, x, w);
+}
+
+void Ops::gelu_forward(const Tensor& y, const Tensor& x) {
+  const Check c("gelu_forward", device_.kind());
+  c.activation("x", x);
+  c.same_count("y", y, x);
+  do_gelu_forward(y, x);
+}
+
+void Ops::gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
+  const Check c("gelu_backward", device_.kind());
+  c.activation("x", x);
+  c.same_count("dx", dx, x);
+  c.same_count("dy", dy, x);
+  do_gelu_backward(dx, dy, x);
+}
+
+namespace {
+void check_attention(const Check& c, const Tensor& qkv, int n_head, int64_t* B, int64_t* T,
+                     int64_t* C) {
+  c.activation("qkv", qkv);
+  c.rank("qkv", qkv, 3);
+  *B = qkv.shape()[0];
+  *T = qkv.shape()[1];
+  if (qkv.shape()[2] % 3 != 0) c.fail("qkv is " + str(qkv) + ": its last dimension must be 3 * C");
+  *C = qkv.shape()[2] / 3;
+  if (n_head <= 0 || *C % n_head != 0)
+    c.fail("C = " + std::to_string(*C) + " does not split into " + std::to_string(n_head) + " heads");
+}
+}  // namespace
+
+void Ops::attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv, int n_head) {
+  const Check c("attention_forward", device_.kind());
+  int64_t B = 0, T = 0, C = 0;
+  check_attention(c, qkv, n_head, &B, &T, &C);
+  c.type("out", out, qkv.type());
+  c.shape("out", out, Shape{B, T, C});
+  c.type("probs", probs, qkv.type());
+  c.shape("probs", probs, Shape{B, n_head, T, T});
+  do_attention_forward(out, probs, qkv, n_head);
+}
+
+void Ops::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                             const Tensor& probs, int n_head) {
+  const Check c("attention_backward", device_.kind());
+  int64_t B = 0, T = 0, C = 0;
+  check_attention(c, qkv, n_head, &B, &T, &C);
+  c.same("dqkv", dqkv, qkv);
+  c.type("dout", dout, qkv.type());
+  c.shape("dout", dout, Shape{B, T, C});
+  c.type("probs", probs, qkv.type());
+  c.shape("probs", probs, Shape{B, n_head, T, T});
+  do_attention_backward(dqkv, dout, qkv, probs, n_head);
+}
+
+void Ops::add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  const Check c("add", device_.kind());
+  c.activation("a", a);
+  c.same_count("b", b, a);
+  c.same_count("out", out, a);
+  do_add(out, a, b);
+}
+
+void Ops::accumulate(const Tensor& acc, const Tensor& x) {
+  const Check c("accumulate", device_.kind());
+  c.activation("x", x);
+  c.same_count("acc", acc, x);
+  do_accumulate(acc, x);
+}
+
+void Ops::cross_entropy_forward(const Tensor& loss, const Tensor& losses, const Tensor& logits,
+                                const Tensor& targets) {
+  const Check c("cross_entropy_forward", device_.kind());
+  const ScalarType a = c.activation("logits", logits);
+  c.at_least_rank("logits", logits, 1);
+  const int64_t rows = logits.shape().rows();
+  c.type("targets", targets, ScalarType::i32);
+  c.numel("targets", targets, rows);
+  c.stats("losses", losses, rows, a);
+  c.stats("loss", loss, 1, a);
+  do_cross_entropy_forward(loss, losses, logits, targets);
+}
+
+void Ops::cross_entropy_backward(const Tensor& dlogits, const Tensor& logits,
+                                 const Tensor& targets, float scale) {
+  const Check c("cross_entropy_backward", device_.kind());
+  c.activation("logits", logits);
+  c.at_least_rank("logits", logits, 1);
+  c.type("targets", targets, ScalarType::i32);
+  c.numel("targets", targets, logits.shape().rows());
+  c.same("dlogits", dlogits, logits);
+  do_cross_entropy_backward(dlogits, logits, targets, scale);
+}
+
+void Ops::zero(const Tensor& t) {
+  const Check c("zero", device_.kind());
+  c.defined("t", t);
+  do_zero(t);
+}
+
+void Ops::check_errors() { do_check_errors(); }
+
+std::unique_ptr<Ops> make_ops(Device& device, Stream& stream) {
+  ZERO_REQUIRE(device.kind() == stream.kind(),
+               "make_ops: stream " + stream.name() + " is not a stream of " + device.name());
+  if (device.kind() == DeviceKind::cpu) return make_cpu_ops(device, stream);
+  return make_cuda_ops(device, stream);
+}
+
+#if !defined(ZERO_HAVE_CUDA)
+std::unique_ptr<Ops> make_cuda_ops(Device& device, Stream&) {
+  ZERO_FAIL("the model kernels for " + device.name() +
+            " need the cuda backend, and this build has none (nvcc was not found at build time)");
+}
+#endif
+
+}  // namespace zero::models

@@ -1,0 +1,163 @@
+// The kernels a model's Units are written with, one interface for both backends, so a model
+// is composed once and runs on cpu (oneTBB + the CPU BLAS) or cuda (cuBLAS + our kernels).
+//
+// Every op is enqueued on the Ops object's stream and returns without waiting: cpu runs it on
+// the stream's worker thread (the op keeps its operand Tensors alive by holding copies until it
+// has run); cuda launches kernels on the stream (the caller keeps operands alive; freeing device
+// memory is ordered by the allocator). No op synchronises the device or the host.
+//
+// The public methods check shapes and types once, for both backends, and throw zero::Error
+// naming the op and the operand; the backends implement the do_ methods on checked input.
+//
+// Types. "A" is the activation type of the call (the type of x / y / dy / dx):
+//   cpu:  fp32 (compute fp32) or fp64 (the reference precision of gradient checks).
+//   cuda: fp32, bf16 or fp16 (compute and accumulation in fp32).
+// Parameters (w, b, wte, wpe) have their storage type: A itself, or on cpu with A = fp32 also
+// bf16 or fp16 (read as fp32). Gradient tensors (dw, db, dwte, dwpe) are fp32 or the parameter's
+// type (cpu also takes any 16-bit type); "+=" means: the op computes its whole contribution in
+// the compute type, adds it to the stored gradient in the compute type and rounds once to the
+// gradient's type. Statistics (mean, rstd) and per-row losses
+// are fp32, or fp64 when A is fp64. Token ids and targets are int32; target -1 is ignored.
+//
+// Aliasing: the elementwise ops may run in place (gelu_forward y == x, gelu_backward dx == dy,
+// add out == a or b); no other output may overlap an input. After an op reports bad data (a
+// token or target out of range) its outputs are unspecified.
+//
+// Determinism: for fixed shapes every op gives bitwise the same result on every run,
+// whatever the number of threads (cpu: fixed partitions, reductions in a fixed order; BLAS
+// with one thread per rank, as tests and launches set it).
+#pragma once
+
+#include <memory>
+
+#include "runtime/core/device.hpp"
+#include "runtime/core/tensor.hpp"
+
+namespace zero::models {
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  Ops(const Ops&) = delete;
+  Ops& operator=(const Ops&) = delete;
+
+  Device& device() const noexcept { return device_; }
+  Stream& stream() const noexcept { return stream_; }
+
+  // out[B,T,C] = wte[tokens[b,t], :] + wpe[t, :]. tokens int32 [B,T], each in [0, V) (checked:
+  // cpu throws on the stream, cuda clamps and raises an error flag read by check_errors());
+  // wte [V,C], wpe [Tmax,C] with T <= Tmax.
+  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                         const Tensor& wpe);
+  // dwte[tokens[b,t], :] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:].
+  void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                          const Tensor& tokens);
+
+  // Over the last dimension C of x [..., C]: y = (x - mean) * rstd * w + b with
+  // rstd = 1 / sqrt(var + 1e-5) (biased variance, as PyTorch's LayerNorm); saves mean, rstd
+  // [rows]. w, b [C].
+  void layernorm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                         const Tensor& w, const Tensor& b);
+  // dx = (overwritten); dw, db +=.
+  void layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
+                          const Tensor& x, const Tensor& w, const Tensor& mean,
+                          const Tensor& rstd);
+
+  // y[N,OC] = x[N,C] @ w[C,OC] + b[OC], the Hugging Face Conv1D layout (x may be [..., C]; N is
+  // its rows). b may be empty (no bias).
+  void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b);
+  // dx = dy @ w^T (overwritten; may be empty when not needed); dw += x^T @ dy; db += column sums
+  // of dy (db empty when there is no bias).
+  void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
+                       const Tensor& x, const Tensor& w);
+
+  // y[N,V] = x[N,C] @ w[V,C]^T: the LM head tied to the token embedding [V,C].
+  void linear_t_forward(const Tensor& y, const Tensor& x, const Tensor& w);
+  // dx = dy @ w (overwritten); dw += dy^T @ x.
+  void linear_t_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                         const Tensor& w);
+
+  // GPT-2's GELU, the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+  void gelu_forward(const Tensor& y, const Tensor& x);
+  void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x);  // dx overwritten
+
+  // Causal multi-head self-attention. qkv [B,T,3C] holds q, k, v side by side (each [C], heads
+  // of C/n_head consecutive channels, as Hugging Face's c_attn output); out [B,T,C] with heads
+  // concatenated; probs [B,n_head,T,T] keeps softmax(q k^T / sqrt(C/n_head)) with the causal
+  // mask (entries above the diagonal are 0) for backward. probs has type A.
+  void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv, int n_head);
+  // dqkv [B,T,3C] overwritten.
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                          const Tensor& probs, int n_head);
+
+  // out = a + b, elementwise, all of type A and the same element count.
+  void add(const Tensor& out, const Tensor& a, const Tensor& b);
+  // acc += x, elementwise.
+  void accumulate(const Tensor& acc, const Tensor& x);
+
+  // Cross-entropy of logits [N,V] (any leading shape; N its rows) against targets int32 [N]
+  // (in [0,V), or -1 to ignore; out of range is an error as for tokens): losses [N] per row
+  // (0 for ignored rows) and loss [1] = mean over the rows that count (0 if none). loss has the
+  // statistics type: fp32, or fp64 when A is fp64 (finite differences need the loss in fp64).
+  void cross_entropy_forward(const Tensor& loss, const Tensor& losses, const Tensor& logits,
+                             const Tensor& targets);
+  // dlogits = scale * (softmax(logits) - onehot(target)) / (rows that count); 0 for ignored
+  // rows. dlogits overwritten, type A.
+  void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                              float scale);
+
+  // Zero bytes, for gradient buffers.
+  void zero(const Tensor& t);
+
+  // Blocks until the stream has run what was enqueued, then throws zero::Error if an op found
+  // bad data (a token or target out of range). For tests and the engine's step boundary.
+  void check_errors();
+
+ protected:
+  Ops(Device& device, Stream& stream) : device_(device), stream_(stream) {}
+
+ private:
+  virtual void do_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                    const Tensor& wpe) = 0;
+  virtual void do_embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                     const Tensor& tokens) = 0;
+  virtual void do_layernorm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
+                                    const Tensor& x, const Tensor& w, const Tensor& b) = 0;
+  virtual void do_layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
+                                     const Tensor& dy, const Tensor& x, const Tensor& w,
+                                     const Tensor& mean, const Tensor& rstd) = 0;
+  virtual void do_linear_forward(const Tensor& y, const Tensor& x, const Tensor& w,
+                                 const Tensor& b) = 0;
+  virtual void do_linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
+                                  const Tensor& dy, const Tensor& x, const Tensor& w) = 0;
+  virtual void do_linear_t_forward(const Tensor& y, const Tensor& x, const Tensor& w) = 0;
+  virtual void do_linear_t_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy,
+                                    const Tensor& x, const Tensor& w) = 0;
+  virtual void do_gelu_forward(const Tensor& y, const Tensor& x) = 0;
+  virtual void do_gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) = 0;
+  virtual void do_attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv,
+                                    int n_head) = 0;
+  virtual void do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                     const Tensor& probs, int n_head) = 0;
+  virtual void do_add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
+  virtual void do_accumulate(const Tensor& acc, const Tensor& x) = 0;
+  virtual void do_cross_entropy_forward(const Tensor& loss, const Tensor& losses,
+                                        const Tensor& logits, const Tensor& targets) = 0;
+  virtual void do_cross_entropy_backward(const Tensor& dlogits, const Tensor& logits,
+                                         const Tensor& targets, float scale) = 0;
+  virtual void do_zero(const Tensor& t) = 0;
+  virtual void do_check_errors() = 0;
+
+  Device& device_;
+  Stream& stream_;
+};
+
+// The Ops of `device`'s backend, enqueuing on `stream` (a stream of that device). Both must
+// outlive the Ops. Throws zero::Error for a cuda device when the cuda backend is not built.
+std::unique_ptr<Ops> make_ops(Device& device, Stream& stream);
+
+// The backends' factories (models/cpu/cpu_ops.cpp, models/cuda/cuda_ops.cpp).
+std::unique_ptr<Ops> make_cpu_ops(Device& device, Stream& stream);
+std::unique_ptr<Ops> make_cuda_ops(Device& device, Stream& stream);
+
+}  // namespace zero::models
