@@ -1,0 +1,403 @@
+#include "runtime/engine/engine.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "optim/clip.hpp"
+#include "optim/host_adam.hpp"
+
+namespace zero {
+
+struct Engine::State {
+  State(Model& m, Device& d, Stream& c, coll::Communicator& k, EngineOptions opt)
+      : model(m), dev(d), compute(c), comm(k), o(std::move(opt)), part(m, k.size()),
+        rank(k.rank()), world(k.size()) {}
+
+  Model& model;
+  Device& dev;
+  Stream& compute;
+  coll::Communicator& comm;
+  EngineOptions o;
+  Partition part;
+  int rank, world;
+  DType dtype = DType::f32;  // of the working parameters and the gradients
+
+  // Per group (see engine.hpp for which exist at which stage).
+  std::vector<Tensor> work;       // stage 0-2: full padded buffer; stage 3: this rank's shard
+  std::vector<Tensor> gathered;   // stage 3: the full buffer while a Unit needs it
+  std::vector<Tensor> grad_full;  // stage 0/1: full padded gradient
+  std::vector<Tensor> grad_tmp;   // stage 2/3: full gradient during one backward, then freed
+  Tensor grad_acc;                // stage 2/3: fp32 shard accumulator over micro-batches
+  // The elements this rank updates, concatenated group by group: the whole padded model at
+  // stage 0, the rank's shards otherwise. master is empty with fp32 parameters.
+  std::vector<int64_t> owned_begin;  // per group: first owned element within the group
+  std::vector<int64_t> owned_off;    // per group: offset within the concatenation
+  int64_t owned_total = 0;
+  Tensor master, m, v;
+
+  std::vector<bool> checkpoint;
+  std::unique_ptr<optim::HostAdam> adam;
+  std::unique_ptr<optim::LossScaler> scaler;
+  std::unique_ptr<Event> compute_done;  // hand-offs from the compute stream (see below)
+  int64_t steps = 0;
+
+  size_t esize() const { return size_of(dtype); }
+  unsigned char* at(const Tensor& t, int64_t elems, size_t elem_size) const {
+    return static_cast<unsigned char*>(t.data()) + static_cast<size_t>(elems) * elem_size;
+  }
+  int64_t owned_len(int g) const {
+    return o.stage == 0 ? part.group(g).padded_numel : part.group(g).shard_numel;
+  }
+  // The pieces of parameters inside this rank's owned range of group g; shard_offset is
+  // relative to the owned range's start.
+  std::vector<Partition::Piece> owned_pieces(int g) const {
+    if (o.stage != 0) return part.pieces(rank, g);
+    std::vector<Partition::Piece> out;
+    for (int p : part.group(g).params) {
+      const Partition::Location& loc = part.location(p);
+      out.push_back({p, 0, loc.offset, loc.numel});
+    }
+    return out;
+  }
+
+  // The compute stream's work so far, as an event a collective can start after. Every hand-off
+  // from compute to communication goes through it: a reduction must not read a gradient the
+  // compute stream is still adding to.
+  Event* compute_point() {
+    compute.record(*compute_done);
+    return compute_done.get();
+  }
+
+  void init_state();
+  std::vector<Tensor> views(int unit, bool grads);
+  void gather(int unit);
+  void release();
+  void reduce_group_stage2(int g);
+  double micro_batch(const Batch& batch, float seed_scale);
+  StepStats boundary(double loss);
+};
+
+namespace {
+
+// Host element write of an fp32 value in the working dtype.
+void store(void* dst, DType t, const float* src, int64_t n) {
+  convert(src, DType::f32, dst, t, static_cast<size_t>(n));
+}
+
+}  // namespace
+
+void Engine::State::init_state() {
+  const int G = part.group_count();
+  work.resize(static_cast<size_t>(G));
+  gathered.resize(static_cast<size_t>(G));
+  grad_full.resize(static_cast<size_t>(G));
+  grad_tmp.resize(static_cast<size_t>(G));
+  const ScalarType st = scalar_type(dtype);
+  for (int g = 0; g < G; ++g) {
+    const Partition::Group& grp = part.group(g);
+    owned_begin.push_back(o.stage == 0 ? 0 : static_cast<int64_t>(rank) * grp.shard_numel);
+    owned_off.push_back(owned_total);
+    owned_total += owned_len(g);
+    const int64_t n = o.stage == 3 ? grp.shard_numel : grp.padded_numel;
+    work[static_cast<size_t>(g)] = Tensor::zeros(dev, compute, Shape{n}, st, MemCategory::parameters);
+    if (o.stage <= 1)
+      grad_full[static_cast<size_t>(g)] =
+          Tensor::zeros(dev, compute, Shape{grp.padded_numel}, st, MemCategory::gradients);
+  }
+  if (o.stage >= 2)
+    grad_acc = Tensor::zeros(dev, compute, Shape{owned_total}, ScalarType::f32, MemCategory::gradients);
+  if (dtype != DType::f32)
+    master = Tensor::zeros(dev, compute, Shape{owned_total}, ScalarType::f32, MemCategory::master_weights);
+  m = Tensor::zeros(dev, compute, Shape{owned_total}, ScalarType::f32, MemCategory::optimizer_states);
+  v = Tensor::zeros(dev, compute, Shape{owned_total}, ScalarType::f32, MemCategory::optimizer_states);
+  compute.synchronize();
+
+  // Initial values: a pure function of (seed, name, element), so every stage and world size
+  // starts from the same model. The working copy is the fp32 value rounded to the dtype.
+  std::vector<float> vals;
+  for (int g = 0; g < G; ++g) {
+    if (o.stage < 3) {  // the full working buffer, on every rank
+      for (int p : part.group(g).params) {
+        const Partition::Location& loc = part.location(p);
+        vals.resize(static_cast<size_t>(loc.numel));
+        init_param_values(model.params[static_cast<size_t>(p)], o.seed, 0, loc.numel, vals.data());
+        store(at(work[static_cast<size_t>(g)], loc.offset, esize()), dtype, vals.data(), loc.numel);
+      }
+    }
+    for (const Partition::Piece& pc : owned_pieces(g)) {
+      vals.resize(static_cast<size_t>(pc.count));
+      init_param_values(model.params[static_cast<size_t>(pc.param)], o.seed, pc.param_offset,
+                        pc.count, vals.data());
+      if (o.stage == 3)
+        store(at(work[static_cast<size_t>(g)], pc.shard_offset, esize()), dtype, vals.data(), pc.count);
+      if (master)
+        std::memcpy(at(master, owned_off[static_cast<size_t>(g)] + pc.shard_offset, 4), vals.data(),
+                    static_cast<size_t>(pc.count) * 4);
+    }
+  }
+}
+
+Engine::Engine(Model& model, Device& device, Stream& compute, coll::Communicator& comm,
+               EngineOptions options)
+    : s_(std::make_unique<State>(model, device, compute, comm, std::move(options))) {
+  State& s = *s_;
+  ZERO_REQUIRE(s.o.stage >= 0 && s.o.stage <= 3,
+               "engine: zero_optimization.stage must be 0, 1, 2 or 3, got " + std::to_string(s.o.stage));
+  ZERO_REQUIRE(s.o.gradient_accumulation_steps >= 1,
+               "engine: gradient_accumulation_steps must be >= 1, got " +
+                   std::to_string(s.o.gradient_accumulation_steps));
+  const std::optional<DType> dt = to_dtype(s.o.param_type);
+  ZERO_REQUIRE(dt.has_value(), "engine: parameters must be fp32, bf16 or fp16, got " +
+                                   std::string(to_string(s.o.param_type)));
+  s.dtype = *dt;
+  ZERO_REQUIRE(device.kind() == DeviceKind::cpu,
+               "engine on " + device.name() +
+                   ": the ZeRO engine runs on the cpu backend so far; the cuda optimizer step and "
+                   "device-side accumulation come with the GPU work (issue 9)");
+  for (const ParamSpec& p : model.params)
+    ZERO_REQUIRE(p.type == s.o.param_type,
+                 "engine: parameter " + p.name + " is " + std::string(to_string(p.type)) +
+                     " but the engine trains " + std::string(to_string(s.o.param_type)) +
+                     " parameters: build the model with that parameter type");
+  s.compute_done = device.create_event();
+  s.checkpoint = checkpoint_plan(model, s.o.number_checkpoints);
+  s.adam = std::make_unique<optim::HostAdam>();
+  if (s.o.loss_scaler) s.scaler = std::make_unique<optim::LossScaler>(*s.o.loss_scaler);
+  s.init_state();
+}
+
+Engine::~Engine() = default;
+
+const Partition& Engine::partition() const noexcept { return s_->part; }
+const EngineOptions& Engine::options() const noexcept { return s_->o; }
+
+std::vector<Tensor> Engine::State::views(int unit, bool grads) {
+  std::vector<Tensor> out;
+  for (int id : model.units[static_cast<size_t>(unit)]->param_ids()) {
+    const ParamSpec& spec = model.params[static_cast<size_t>(id)];
+    const Partition::Location& loc = part.location(id);
+    const size_t g = static_cast<size_t>(loc.group);
+    Tensor base;
+    if (!grads) {
+      base = o.stage == 3 ? gathered[g] : work[g];
+    } else if (o.stage <= 1) {
+      base = grad_full[g];
+    } else {
+      // The group's gradient buffer exists from the first Unit (in backward order) that adds
+      // to it until the group's own Unit has run its backward and it is reduce-scattered.
+      if (!grad_tmp[g])
+        grad_tmp[g] = Tensor::zeros(dev, compute, Shape{part.group(loc.group).padded_numel},
+                                    scalar_type(dtype), MemCategory::gradients);
+      base = grad_tmp[g];
+    }
+    ZERO_REQUIRE(base, "engine: group " + std::to_string(loc.group) + " of " + spec.name +
+                           " is not present for unit " + model.units[static_cast<size_t>(unit)]->name());
+    out.push_back(Tensor::view(at(base, loc.offset, esize()), spec.shape, spec.type));
+  }
+  return out;
+}
+
+// Stage 3: all-gather the groups Unit `unit` uses. Synchronous for now: the Work is waited
+// for before the Unit's ops are enqueued (prefetch in recorded order comes next).
+void Engine::State::gather(int unit) {
+  for (int g : part.unit_groups(unit)) {
+    Tensor& full = gathered[static_cast<size_t>(g)];
+    if (full) continue;
+    const Partition::Group& grp = part.group(g);
+    full = Tensor::empty(dev, Shape{grp.padded_numel}, scalar_type(dtype), MemCategory::parameters);
+    comm.all_gather(work[static_cast<size_t>(g)].data(), full.data(),
+                    static_cast<size_t>(grp.shard_numel), dtype)
+        .wait();
+  }
+}
+
+// Stage 3: drop the gathered buffers. The compute stream may still be reading them: the views
+// handed to the Unit own nothing, so wait for the stream before the memory goes.
+void Engine::State::release() {
+  compute_point()->synchronize();
+  for (Tensor& t : gathered) t = Tensor();
+}
+
+// Stage 2/3: group g's gradient of this micro-batch is complete: reduce-scatter it (in place:
+// the rank's shard of the buffer receives the sum), add the shard into the fp32 accumulator,
+// free the full buffer.
+void Engine::State::reduce_group_stage2(int g) {
+  Tensor& full = grad_tmp[static_cast<size_t>(g)];
+  if (!full) return;  // no Unit added to it (a group of no parameters)
+  const Partition::Group& grp = part.group(g);
+  unsigned char* shard = at(full, owned_begin[static_cast<size_t>(g)], esize());
+  comm.reduce_scatter(full.data(), shard, static_cast<size_t>(grp.shard_numel), dtype,
+                      coll::ReduceOp::sum, compute_point())
+      .wait();
+  float* acc = static_cast<float*>(grad_acc.data()) + owned_off[static_cast<size_t>(g)];
+  std::vector<float> widened(static_cast<size_t>(grp.shard_numel));
+  convert(shard, dtype, widened.data(), DType::f32, widened.size());
+  for (size_t i = 0; i < widened.size(); ++i) acc[i] += widened[i];
+  full = Tensor();
+}
+
+double Engine::State::micro_batch(const Batch& batch, float seed_scale) {
+  const size_t U = model.units.size();
+  std::vector<UnitContext> ctx(U);
+  Tensor prev;
+  for (size_t u = 0; u < U; ++u) {
+    UnitContext& c = ctx[u];
+    if (o.stage == 3) gather(static_cast<int>(u));
+    c.batch = &batch;
+    c.input = prev;
+    c.checkpoint = checkpoint[u];
+    c.params = views(static_cast<int>(u), false);
+    model.units[u]->forward(c);
+    c.params.clear();
+    prev = c.output;
+    // At most one Unit in flight on the stream: memory a Unit dropped is free once the stream
+    // has passed it (stage 3 also frees the gathered parameters here).
+    if (o.stage == 3) release(); else compute_point()->synchronize();
+  }
+  const ScalarType lt = ctx.back().loss.type();
+  double loss = 0;
+  if (lt == ScalarType::f64) {
+    copy_to_host(dev, compute, &loss, ctx.back().loss);
+  } else {
+    float f = 0;
+    copy_to_host(dev, compute, &f, ctx.back().loss);
+    compute.synchronize();
+    loss = f;
+  }
+  compute.synchronize();  // the loss has landed (and any bad token was reported)
+
+  Tensor dprev;
+  for (size_t u = U; u-- > 0;) {
+    UnitContext& c = ctx[u];
+    if (o.stage == 3) gather(static_cast<int>(u));
+    c.params = views(static_cast<int>(u), false);
+    c.grads = views(static_cast<int>(u), true);
+    c.grad_output = dprev;
+    c.grad_scale = seed_scale;
+    model.units[u]->backward(c);
+    dprev = c.grad_input;
+    c = UnitContext();
+    if (o.stage == 3) release(); else compute_point()->synchronize();
+    if (o.stage >= 2) reduce_group_stage2(static_cast<int>(u));  // group u is complete now
+  }
+  return loss;
+}
+
+StepStats Engine::State::boundary(double loss) {
+  const int G = part.group_count();
+  // Stage 0/1: reduce the accumulated gradients now.
+  for (int g = 0; g < G && o.stage <= 1; ++g) {
+    const Partition::Group& grp = part.group(g);
+    Tensor& full = grad_full[static_cast<size_t>(g)];
+    if (o.stage == 0)
+      comm.all_reduce(full.data(), full.data(), static_cast<size_t>(grp.padded_numel), dtype,
+                      coll::ReduceOp::sum, compute_point()).wait();
+    else
+      comm.reduce_scatter(full.data(), at(full, owned_begin[static_cast<size_t>(g)], esize()),
+                          static_cast<size_t>(grp.shard_numel), dtype, coll::ReduceOp::sum,
+                          compute_point()).wait();
+  }
+  // Where this rank's reduced gradient for its owned range of group g starts.
+  const DType gtype = o.stage >= 2 ? DType::f32 : dtype;
+  auto grad_ptr = [&](int g) -> unsigned char* {
+    if (o.stage >= 2) return at(grad_acc, owned_off[static_cast<size_t>(g)], 4);
+    return at(grad_full[static_cast<size_t>(g)], owned_begin[static_cast<size_t>(g)], esize());
+  };
+
+  // Global norm: each rank's owned range (stage 0: all of it, identical on every rank, so no
+  // communication; otherwise the shards partition the gradient and one all-reduce sums them).
+  double local = 0;
+  for (int g = 0; g < G; ++g)
+    local += optim::local_squared_norm(grad_ptr(g), gtype, static_cast<size_t>(owned_len(g)));
+  optim::GlobalNorm norm;
+  if (o.stage == 0) {
+    norm.squared = static_cast<float>(local);
+    norm.norm = std::sqrt(norm.squared);
+    norm.finite = std::isfinite(norm.squared);
+  } else {
+    norm = optim::global_grad_norm(comm, static_cast<float>(local));
+  }
+  // The gradients are sums over ranks and micro-batches of gradients of mean losses: the
+  // objective's gradient is that divided by n.
+  const double n = static_cast<double>(world) * o.gradient_accumulation_steps;
+  optim::GlobalNorm mean = norm;
+  mean.norm = static_cast<float>(norm.norm / n);
+  mean.squared = static_cast<float>(norm.squared / (n * n));
+  const optim::StepScale sc = scaler ? optim::prepare_step(*scaler, mean, o.gradient_clipping)
+                                     : optim::fold_grad_scale(mean, 1.0, o.gradient_clipping);
+  ++steps;
+  StepStats st;
+  st.step = steps;
+  st.loss = loss;
+  st.grad_norm = sc.grad_norm;
+  st.lr = o.lr(steps);
+  st.loss_scale = sc.loss_scale;
+  st.applied = sc.apply;
+
+  if (sc.apply) {
+    optim::AdamStep as{steps, st.lr, static_cast<float>(sc.grad_scale / n)};
+    optim::AdamParams hp = o.adam;
+    for (int g = 0; g < G; ++g) {
+      const size_t gi = static_cast<size_t>(g);
+      for (const Partition::Piece& pc : owned_pieces(g)) {
+        hp.weight_decay = model.params[static_cast<size_t>(pc.param)].weight_decay ? o.adam.weight_decay : 0.0f;
+        const int64_t off = owned_off[gi] + pc.shard_offset;
+        // The working copy of these elements: stage 3 keeps only the shard; stages 0-2 the
+        // full buffer, of which this rank's range starts at owned_begin.
+        unsigned char* working = at(work[gi], (o.stage == 3 ? 0 : owned_begin[gi]) + pc.shard_offset, esize());
+        float* p = master ? reinterpret_cast<float*>(at(master, off, 4)) : reinterpret_cast<float*>(working);
+        adam->step(hp, as, p, reinterpret_cast<float*>(at(m, off, 4)), reinterpret_cast<float*>(at(v, off, 4)),
+                   grad_ptr(g) + static_cast<size_t>(pc.shard_offset) * size_of(gtype), gtype,
+                   static_cast<size_t>(pc.count), master ? working : nullptr, dtype);
+      }
+    }
+    // Stage 1/2: every rank updated its shard of the working parameters; gather them.
+    for (int g = 0; g < G && (o.stage == 1 || o.stage == 2); ++g) {
+      const Partition::Group& grp = part.group(g);
+      comm.all_gather(at(work[static_cast<size_t>(g)], owned_begin[static_cast<size_t>(g)], esize()),
+                      work[static_cast<size_t>(g)].data(), static_cast<size_t>(grp.shard_numel), dtype)
+          .wait();
+    }
+  }
+  // Fresh gradients for the next step.
+  for (Tensor& t : grad_full)
+    if (t) std::memset(t.data(), 0, t.bytes());
+  if (grad_acc) std::memset(grad_acc.data(), 0, grad_acc.bytes());
+  return st;
+}
+
+StepStats Engine::step(const std::function<Batch(int micro)>& next) {
+  State& s = *s_;
+  const float seed = s.scaler ? static_cast<float>(s.scaler->scale()) : 1.0f;
+  double loss = 0;
+  for (int mb = 0; mb < s.o.gradient_accumulation_steps; ++mb) {
+    const Batch batch = next(mb);
+    loss += s.micro_batch(batch, seed);
+  }
+  return s.boundary(loss / s.o.gradient_accumulation_steps);
+}
+
+std::vector<float> Engine::parameter(int p) {
+  State& s = *s_;
+  const Partition::Location& loc = s.part.location(p);
+  const size_t g = static_cast<size_t>(loc.group);
+  std::vector<float> out(static_cast<size_t>(loc.numel), 0.0f);
+  for (const Partition::Piece& pc : s.owned_pieces(loc.group)) {
+    if (pc.param != p) continue;
+    const float* src;
+    if (s.master) {
+      src = reinterpret_cast<const float*>(s.at(s.master, s.owned_off[g] + pc.shard_offset, 4));
+    } else {
+      src = reinterpret_cast<const float*>(
+          s.at(s.work[g], (s.o.stage == 3 ? 0 : s.owned_begin[g]) + pc.shard_offset, 4));
+    }
+    std::memcpy(out.data() + pc.param_offset, src, static_cast<size_t>(pc.count) * 4);
+  }
+  // Each element is owned by exactly one rank; the others hold 0 there, so the sum is the
+  // value (a -0.0 reads back as +0.0). Stage 0: every rank owns everything already.
+  if (s.o.stage != 0 && s.world > 1)
+    s.comm.all_reduce(out.data(), out.data(), out.size(), DType::f32, coll::ReduceOp::sum).wait();
+  return out;
+}
+
+}  // namespace zero
