@@ -57,7 +57,12 @@ Tensor Tensor::empty(Device& device, Shape shape, ScalarType type, MemCategory c
 Tensor Tensor::zeros(Device& device, Stream& stream, Shape shape, ScalarType type,
                      MemCategory category) {
   Tensor t = empty(device, shape, type, category);
-  if (t.bytes() > 0) device.fill_async(t.data(), 0, t.bytes(), stream);
+  if (t.bytes() > 0) {
+    device.fill_async(t.data(), 0, t.bytes(), stream);
+    // The fill holds only a pointer: keep the storage alive until the stream has passed it, in
+    // case the caller drops the tensor first (e.g. an exception unwinding a constructor).
+    stream.launch_host([keep = t] {});
+  }
   return t;
 }
 

@@ -123,7 +123,8 @@ class Tensor {
   // Device memory on `device`, counted in its ledger under `category`; uninitialised.
   // Throws OutOfMemory past the device's capacity.
   static Tensor empty(Device& device, Shape shape, ScalarType type, MemCategory category);
-  // Like empty(), filled with zero bytes in `stream` order.
+  // Like empty(), filled with zero bytes in `stream` order; the storage stays alive until the
+  // fill has run even if every handle is dropped before.
   static Tensor zeros(Device& device, Stream& stream, Shape shape, ScalarType type,
                       MemCategory category);
   // A handle on memory someone else owns (for example a slice of the engine's flat parameter

@@ -1,6 +1,7 @@
 #include "runtime/engine/engine.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "optim/clip.hpp"
@@ -27,7 +28,11 @@ struct Engine::State {
   std::vector<Tensor> gathered;   // stage 3: the full buffer while a Unit needs it
   std::vector<Tensor> grad_full;  // stage 0/1: full padded gradient
   std::vector<Tensor> grad_tmp;   // stage 2/3: full gradient during one backward, then freed
-  Tensor grad_acc;                // stage 2/3: fp32 shard accumulator over micro-batches
+  // Stage 2/3: the reduced gradient shard. With accumulation an fp32 accumulator over the
+  // micro-batches (DESIGN.md: 16-bit sums of many micro-batches lose the small ones); with one
+  // micro-batch the 16-bit reduce-scatter result itself, as the ZeRO formula counts it (2 bytes).
+  Tensor grad_acc;
+  DType grad_acc_type = DType::f32;
   // The elements this rank updates, concatenated group by group: the whole padded model at
   // stage 0, the rank's shards otherwise. master is empty with fp32 parameters.
   std::vector<int64_t> owned_begin;  // per group: first owned element within the group
@@ -104,8 +109,11 @@ void Engine::State::init_state() {
       grad_full[static_cast<size_t>(g)] =
           Tensor::zeros(dev, compute, Shape{grp.padded_numel}, st, MemCategory::gradients);
   }
-  if (o.stage >= 2)
-    grad_acc = Tensor::zeros(dev, compute, Shape{owned_total}, ScalarType::f32, MemCategory::gradients);
+  if (o.stage >= 2) {
+    grad_acc_type = o.gradient_accumulation_steps > 1 ? DType::f32 : dtype;
+    grad_acc = Tensor::zeros(dev, compute, Shape{owned_total}, scalar_type(grad_acc_type),
+                             MemCategory::gradients);
+  }
   if (dtype != DType::f32)
     master = Tensor::zeros(dev, compute, Shape{owned_total}, ScalarType::f32, MemCategory::master_weights);
   m = Tensor::zeros(dev, compute, Shape{owned_total}, ScalarType::f32, MemCategory::optimizer_states);
@@ -229,10 +237,15 @@ void Engine::State::reduce_group_stage2(int g) {
   comm.reduce_scatter(full.data(), shard, static_cast<size_t>(grp.shard_numel), dtype,
                       coll::ReduceOp::sum, compute_point())
       .wait();
-  float* acc = static_cast<float*>(grad_acc.data()) + owned_off[static_cast<size_t>(g)];
-  std::vector<float> widened(static_cast<size_t>(grp.shard_numel));
-  convert(shard, dtype, widened.data(), DType::f32, widened.size());
-  for (size_t i = 0; i < widened.size(); ++i) acc[i] += widened[i];
+  const size_t n = static_cast<size_t>(grp.shard_numel);
+  if (o.gradient_accumulation_steps == 1) {  // keep the reduced shard as it is
+    std::memcpy(at(grad_acc, owned_off[static_cast<size_t>(g)], esize()), shard, n * esize());
+  } else {
+    float* acc = static_cast<float*>(grad_acc.data()) + owned_off[static_cast<size_t>(g)];
+    std::vector<float> widened(n);
+    convert(shard, dtype, widened.data(), DType::f32, n);
+    for (size_t i = 0; i < n; ++i) acc[i] += widened[i];
+  }
   full = Tensor();
 }
 
@@ -298,9 +311,9 @@ StepStats Engine::State::boundary(double loss) {
                           compute_point()).wait();
   }
   // Where this rank's reduced gradient for its owned range of group g starts.
-  const DType gtype = o.stage >= 2 ? DType::f32 : dtype;
+  const DType gtype = o.stage >= 2 ? grad_acc_type : dtype;
   auto grad_ptr = [&](int g) -> unsigned char* {
-    if (o.stage >= 2) return at(grad_acc, owned_off[static_cast<size_t>(g)], 4);
+    if (o.stage >= 2) return at(grad_acc, owned_off[static_cast<size_t>(g)], size_of(grad_acc_type));
     return at(grad_full[static_cast<size_t>(g)], owned_begin[static_cast<size_t>(g)], esize());
   };
 
@@ -398,6 +411,42 @@ std::vector<float> Engine::parameter(int p) {
   if (s.o.stage != 0 && s.world > 1)
     s.comm.all_reduce(out.data(), out.data(), out.size(), DType::f32, coll::ReduceOp::sum).wait();
   return out;
+}
+
+Engine::ModelStateBytes Engine::expected_model_state() const {
+  const State& s = *s_;
+  const size_t psi = static_cast<size_t>(s.part.padded_numel_total());
+  const size_t shard = static_cast<size_t>(s.part.shard_numel_total());
+  const size_t e = size_of(s.dtype);
+  const size_t owned = s.o.stage == 0 ? psi : shard;
+  ModelStateBytes b;
+  b.parameters = e * (s.o.stage == 3 ? shard : psi);
+  if (s.o.stage <= 1)
+    b.gradients = e * psi;
+  else
+    b.gradients = (s.o.gradient_accumulation_steps > 1 ? 4 : e) * shard;
+  b.master = s.dtype == DType::f32 ? 0 : 4 * owned;
+  b.optimizer = 8 * owned;
+  return b;
+}
+
+std::string Engine::memory_report() const {
+  const State& s = *s_;
+  const ModelStateBytes b = expected_model_state();
+  const LedgerSnapshot snap = s.dev.ledger().snapshot();
+  const double psi = static_cast<double>(s.model.parameter_count());
+  std::string out = "ZeRO stage " + std::to_string(s.o.stage) + ", " + std::to_string(s.world) +
+                    " rank(s), " + std::string(to_string(s.dtype)) + " parameters, " +
+                    std::to_string(s.model.parameter_count()) + " parameters (" +
+                    std::to_string(s.part.padded_numel_total()) + " padded)\n";
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "model state per rank: expected %s = %.2f bytes/parameter (params %s, grads %s, "
+                "master %s, adam %s)\n",
+                format_bytes(b.total()).c_str(), static_cast<double>(b.total()) / psi,
+                format_bytes(b.parameters).c_str(), format_bytes(b.gradients).c_str(),
+                format_bytes(b.master).c_str(), format_bytes(b.optimizer).c_str());
+  return out + line + snap.table();
 }
 
 }  // namespace zero

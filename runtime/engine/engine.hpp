@@ -7,8 +7,9 @@
 //   2      full                             per micro-batch, each group's        1/N shard
 //                                           gradient is reduce-scattered as soon
 //                                           as its Unit's backward is done, into
-//                                           an fp32 shard accumulator; the full
-//                                           buffer is freed
+//                                           a shard (fp32 accumulator when there
+//                                           is accumulation, else param_type);
+//                                           the full buffer is freed
 //   3      1/N shard; each Unit's groups    as stage 2                           1/N shard
 //          all-gathered before its forward
 //          and its backward, freed after
@@ -29,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "collectives/communicator.hpp"
@@ -80,6 +82,27 @@ class Engine {
   // The current fp32 value of parameter p (the master copy), gathered from the ranks that own
   // it. Collective.
   std::vector<float> parameter(int p);
+
+  // Per-rank model-state bytes this engine holds between steps, by ledger category: the ZeRO
+  // paper's formula evaluated for the padded parameter count Psi_p (a multiple of the world size),
+  // stage, world size N and dtype (e bytes):
+  //   parameters  e Psi_p (stage 0-2), e Psi_p / N (stage 3)
+  //   gradients   e Psi_p (stage 0-1), at stage 2-3 a shard: e Psi_p / N with one micro-batch per
+  //               step, 4 Psi_p / N (fp32 accumulator) with accumulation
+  //   master      4 Psi_p (stage 0) or 4 Psi_p / N; none with fp32 parameters (e = 4: the
+  //               parameters are the master copy)
+  //   optimizer   8 Psi_p (stage 0) or 8 Psi_p / N   (Adam m and v)
+  // With bf16/fp16 and one micro-batch that is 16 Psi, 4 Psi + 12 Psi/N, 2 Psi + 14 Psi/N and
+  // 16 Psi / N: the paper's K = 12. During a step, on top of this: activations, and at stage 2/3
+  // the full gradient buffers of at most two groups at a time (a Unit's own and the tied
+  // embedding's) and at stage 3 the gathered parameters of one Unit's groups.
+  struct ModelStateBytes {
+    size_t parameters = 0, gradients = 0, master = 0, optimizer = 0;
+    size_t total() const noexcept { return parameters + gradients + master + optimizer; }
+  };
+  ModelStateBytes expected_model_state() const;
+  // Rank 0's start-up report: the formula line and the device's ledger table.
+  std::string memory_report() const;
 
   const Partition& partition() const noexcept;
   const EngineOptions& options() const noexcept;
