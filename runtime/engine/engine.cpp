@@ -26,6 +26,7 @@ struct Engine::State {
   // Per group (see engine.hpp for which exist at which stage).
   std::vector<Tensor> work;       // stage 0-2: full padded buffer; stage 3: this rank's shard
   std::vector<Tensor> gathered;   // stage 3: the full buffer while a Unit needs it
+  std::vector<coll::Work> gathering;  // stage 3: the all-gather filling gathered[g]
   std::vector<Tensor> grad_full;  // stage 0/1: full padded gradient
   std::vector<Tensor> grad_tmp;   // stage 2/3: full gradient during one backward, then freed
   // Stage 2/3: the reduced gradient shard. With accumulation an fp32 accumulator over the
@@ -76,8 +77,21 @@ struct Engine::State {
   void init_state();
   std::vector<Tensor> views(int unit, bool grads);
   void gather(int unit);
-  void release();
+  void use(int unit);
+  void release_except(int keep_unit);
   void reduce_group_stage2(int g);
+  void finish_oldest_reduce();
+
+  // Stage 2/3 reductions in flight: the Work, and the full gradient buffer it reads, which must
+  // live until the Work completes.
+  struct PendingReduce {
+    int group;
+    coll::Work work;
+    Tensor full;
+  };
+  std::vector<PendingReduce> pending;  // oldest first
+  // At most this many reductions in flight: bounds the full gradient buffers alive at once.
+  static constexpr size_t kMaxReducesInFlight = 2;
   double micro_batch(const Batch& batch, float seed_scale);
   StepStats boundary(double loss);
 };
@@ -95,6 +109,7 @@ void Engine::State::init_state() {
   const int G = part.group_count();
   work.resize(static_cast<size_t>(G));
   gathered.resize(static_cast<size_t>(G));
+  gathering.resize(static_cast<size_t>(G));
   grad_full.resize(static_cast<size_t>(G));
   grad_tmp.resize(static_cast<size_t>(G));
   const ScalarType st = scalar_type(dtype);
@@ -205,48 +220,82 @@ std::vector<Tensor> Engine::State::views(int unit, bool grads) {
   return out;
 }
 
-// Stage 3: all-gather the groups Unit `unit` uses. Synchronous for now: the Work is waited
-// for before the Unit's ops are enqueued (prefetch in recorded order comes next).
+// Stage 3: start the all-gathers of the groups Unit `unit` uses (those not already present or
+// in flight). Returns at once: the prefetch of the next Unit runs on the communicator's stream
+// while the compute stream works on the current one.
 void Engine::State::gather(int unit) {
+  if (unit < 0 || unit >= static_cast<int>(model.units.size())) return;
   for (int g : part.unit_groups(unit)) {
     Tensor& full = gathered[static_cast<size_t>(g)];
     if (full) continue;
     const Partition::Group& grp = part.group(g);
     full = Tensor::empty(dev, Shape{grp.padded_numel}, scalar_type(dtype), MemCategory::parameters);
-    comm.all_gather(work[static_cast<size_t>(g)].data(), full.data(),
-                    static_cast<size_t>(grp.shard_numel), dtype)
-        .wait();
+    // The shard (work[g]) changes only in the optimizer step, between steps: nothing to wait for.
+    gathering[static_cast<size_t>(g)] =
+        comm.all_gather(work[static_cast<size_t>(g)].data(), full.data(),
+                        static_cast<size_t>(grp.shard_numel), dtype);
   }
 }
 
-// Stage 3: drop the gathered buffers. The compute stream may still be reading them: the views
-// handed to the Unit own nothing, so wait for the stream before the memory goes.
-void Engine::State::release() {
-  compute_point()->synchronize();
-  for (Tensor& t : gathered) t = Tensor();
+// Stage 3: Unit `unit` is about to run: its groups' all-gathers must have landed before the
+// compute stream reads them. chain() makes the compute stream wait, not the host.
+void Engine::State::use(int unit) {
+  gather(unit);
+  for (int g : part.unit_groups(unit)) {
+    gathering[static_cast<size_t>(g)].chain(compute);
+    gathering[static_cast<size_t>(g)] = coll::Work();
+  }
 }
 
-// Stage 2/3: group g's gradient of this micro-batch is complete: reduce-scatter it (in place:
-// the rank's shard of the buffer receives the sum), add the shard into the fp32 accumulator,
-// free the full buffer.
+// Stage 3: free the gathered groups Unit `keep_unit` (the next to run) does not need. The views
+// the finished Unit was given own nothing and its ops may still be queued: wait for the compute
+// stream first (this is also the engine's one-Unit bound on how far the host runs ahead).
+void Engine::State::release_except(int keep_unit) {
+  compute_point()->synchronize();
+  std::vector<bool> keep(gathered.size(), false);
+  if (keep_unit >= 0 && keep_unit < static_cast<int>(model.units.size()))
+    for (int g : part.unit_groups(keep_unit)) keep[static_cast<size_t>(g)] = true;
+  for (size_t g = 0; g < gathered.size(); ++g)
+    if (!keep[g] && gathered[g]) {
+      gathering[g].wait();  // a prefetch nobody used (cannot happen in order; cheap if done)
+      gathering[g] = coll::Work();
+      gathered[g] = Tensor();
+    }
+}
+
+// Stage 2/3: group g's gradient of this micro-batch is complete once the compute stream has run
+// its Unit's backward. Start the reduce-scatter after that point (in place: the rank's shard of
+// the buffer receives the sum) and return: it runs on the communicator's stream while backward
+// goes on. finish_oldest_reduce() takes the result.
 void Engine::State::reduce_group_stage2(int g) {
   Tensor& full = grad_tmp[static_cast<size_t>(g)];
   if (!full) return;  // no Unit added to it (a group of no parameters)
   const Partition::Group& grp = part.group(g);
   unsigned char* shard = at(full, owned_begin[static_cast<size_t>(g)], esize());
-  comm.reduce_scatter(full.data(), shard, static_cast<size_t>(grp.shard_numel), dtype,
-                      coll::ReduceOp::sum, compute_point())
-      .wait();
-  const size_t n = static_cast<size_t>(grp.shard_numel);
+  coll::Work w = comm.reduce_scatter(full.data(), shard, static_cast<size_t>(grp.shard_numel),
+                                     dtype, coll::ReduceOp::sum, compute_point());
+  pending.push_back({g, std::move(w), std::move(full)});
+  full = Tensor();
+  if (pending.size() > kMaxReducesInFlight) finish_oldest_reduce();
+}
+
+// Waits for the oldest reduce-scatter, keeps its shard (or adds it to the fp32 accumulator) and
+// frees the full buffer.
+void Engine::State::finish_oldest_reduce() {
+  PendingReduce r = std::move(pending.front());
+  pending.erase(pending.begin());
+  r.work.wait();
+  const size_t g = static_cast<size_t>(r.group);
+  const unsigned char* shard = at(r.full, owned_begin[g], esize());
+  const size_t n = static_cast<size_t>(part.group(r.group).shard_numel);
   if (o.gradient_accumulation_steps == 1) {  // keep the reduced shard as it is
-    std::memcpy(at(grad_acc, owned_off[static_cast<size_t>(g)], esize()), shard, n * esize());
+    std::memcpy(at(grad_acc, owned_off[g], esize()), shard, n * esize());
   } else {
-    float* acc = static_cast<float*>(grad_acc.data()) + owned_off[static_cast<size_t>(g)];
+    float* acc = static_cast<float*>(grad_acc.data()) + owned_off[g];
     std::vector<float> widened(n);
     convert(shard, dtype, widened.data(), DType::f32, n);
     for (size_t i = 0; i < n; ++i) acc[i] += widened[i];
   }
-  full = Tensor();
 }
 
 double Engine::State::micro_batch(const Batch& batch, float seed_scale) {
@@ -255,7 +304,10 @@ double Engine::State::micro_batch(const Batch& batch, float seed_scale) {
   Tensor prev;
   for (size_t u = 0; u < U; ++u) {
     UnitContext& c = ctx[u];
-    if (o.stage == 3) gather(static_cast<int>(u));
+    if (o.stage == 3) {
+      use(static_cast<int>(u));
+      gather(static_cast<int>(u) + 1);  // prefetch the next Unit's parameters
+    }
     c.batch = &batch;
     c.input = prev;
     c.checkpoint = checkpoint[u];
@@ -265,7 +317,7 @@ double Engine::State::micro_batch(const Batch& batch, float seed_scale) {
     prev = c.output;
     // At most one Unit in flight on the stream: memory a Unit dropped is free once the stream
     // has passed it (stage 3 also frees the gathered parameters here).
-    if (o.stage == 3) release(); else compute_point()->synchronize();
+    if (o.stage == 3) release_except(static_cast<int>(u) + 1); else compute_point()->synchronize();
   }
   const ScalarType lt = ctx.back().loss.type();
   double loss = 0;
@@ -282,7 +334,10 @@ double Engine::State::micro_batch(const Batch& batch, float seed_scale) {
   Tensor dprev;
   for (size_t u = U; u-- > 0;) {
     UnitContext& c = ctx[u];
-    if (o.stage == 3) gather(static_cast<int>(u));
+    if (o.stage == 3) {
+      use(static_cast<int>(u));
+      gather(static_cast<int>(u) - 1);  // prefetch the next Unit in backward order
+    }
     c.params = views(static_cast<int>(u), false);
     c.grads = views(static_cast<int>(u), true);
     c.grad_output = dprev;
@@ -290,9 +345,10 @@ double Engine::State::micro_batch(const Batch& batch, float seed_scale) {
     model.units[u]->backward(c);
     dprev = c.grad_input;
     c = UnitContext();
-    if (o.stage == 3) release(); else compute_point()->synchronize();
     if (o.stage >= 2) reduce_group_stage2(static_cast<int>(u));  // group u is complete now
+    if (o.stage == 3) release_except(static_cast<int>(u) - 1); else compute_point()->synchronize();
   }
+  while (!pending.empty()) finish_oldest_reduce();
   return loss;
 }
 

@@ -19,9 +19,16 @@
 // Units' gradients are summed (the collectives' fp32 rank-order sum), and 1 / (ranks x steps),
 // the clip coefficient and the loss scale are folded into Adam's gradient scale.
 //
-// What is not there yet (issue 6 continues): communication overlapped with compute (today each
-// collective is waited for where it is issued), bucketing across groups, stage-3 prefetch, the
-// cuda backend's optimizer step (the engine runs on the cpu backend; a cuda device is refused).
+// Overlap: at stage 2/3 each group's reduce-scatter runs on the communicator's stream while
+// backward goes on (at most kMaxReducesInFlight in flight); at stage 3 the next Unit's groups
+// are all-gathered (prefetched) while the current Unit computes. The host runs at most one Unit
+// ahead of the compute stream.
+//
+// What is not there yet (issue 6 continues): stage 0/1 reductions bucketed during backward,
+// the step-end all-gather overlapped with the next forward, reduce_bucket_size /
+// stage3_prefetch_bucket_size / stage3_max_live_parameters / persistence thresholds (the unit of
+// communication is one Unit's group), and the cuda backend's optimizer step (the engine runs on
+// the cpu backend; a cuda device is refused).
 //
 // Threading: one thread drives an Engine. The compute stream and the communicator's stream are
 // ordered by events at every hand-off (see engine.cpp).
@@ -94,8 +101,9 @@ class Engine {
   //   optimizer   8 Psi_p (stage 0) or 8 Psi_p / N   (Adam m and v)
   // With bf16/fp16 and one micro-batch that is 16 Psi, 4 Psi + 12 Psi/N, 2 Psi + 14 Psi/N and
   // 16 Psi / N: the paper's K = 12. During a step, on top of this: activations, and at stage 2/3
-  // the full gradient buffers of at most two groups at a time (a Unit's own and the tied
-  // embedding's) and at stage 3 the gathered parameters of one Unit's groups.
+  // full gradient buffers (the tied embedding's group, the Unit being computed and up to
+  // kMaxReducesInFlight groups being reduced), at stage 3 the gathered parameters of the current
+  // and the prefetched Unit.
   struct ModelStateBytes {
     size_t parameters = 0, gradients = 0, master = 0, optimizer = 0;
     size_t total() const noexcept { return parameters + gradients + master + optimizer; }
