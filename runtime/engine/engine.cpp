@@ -95,18 +95,23 @@ struct Engine::State {
   static constexpr size_t kMaxReducesInFlight = 2;
 
   // The transient full-size buffers of stage 2/3 (gradients of a group during backward, gathered
-  // parameters) come from pools of buffers of the largest group's size, kept across steps:
-  // freshly mapped memory page-faults on every touch (measured: stage 2 a fifth slower than
-  // stage 0 when each micro-batch allocated them). Their number is bounded (at most 4 gradient
-  // and 3 parameter buffers at once), and the ledger counts them as communication buffers,
-  // apart from the model state the ZeRO formula describes.
+  // parameters) come from pools kept across steps: freshly mapped memory page-faults on every
+  // touch (measured: stage 2 a fifth slower than stage 0 when each micro-batch allocated them).
+  // A buffer is reused only for a group of exactly its size (the transformer blocks share one
+  // size; sizing every buffer for the largest group, the embedding, cost GPT-2 small 296 MB per
+  // rank at stage 2). At most 4 gradient and 3 parameter buffers are in use at once, so a size
+  // class holds at most that many; the ledger counts them as communication buffers, apart from
+  // the model state the ZeRO formula describes.
   struct Pool {
     std::vector<Tensor> free;
     Tensor take(Device& d, int64_t elems, ScalarType t) {
-      if (free.empty()) return Tensor::empty(d, Shape{elems}, t, MemCategory::comm_buffers);
-      Tensor x = std::move(free.back());
-      free.pop_back();
-      return x;
+      for (size_t i = 0; i < free.size(); ++i)
+        if (free[i].numel() == elems) {
+          Tensor x = std::move(free[i]);
+          free.erase(free.begin() + static_cast<std::ptrdiff_t>(i));
+          return x;
+        }
+      return Tensor::empty(d, Shape{elems}, t, MemCategory::comm_buffers);
     }
     void give(Tensor& t) {
       if (t) free.push_back(std::move(t));
@@ -114,7 +119,6 @@ struct Engine::State {
     }
   };
   Pool grad_pool, param_pool;
-  int64_t max_group = 0;
 
   // Waits for everything in flight (collectives, compute) before buffers they use can go, e.g.
   // when an exception (an out-of-memory mid-step) unwinds the step or the Engine is destroyed.
@@ -152,7 +156,6 @@ void Engine::State::init_state() {
   grad_full.resize(static_cast<size_t>(G));
   grad_tmp.resize(static_cast<size_t>(G));
   const ScalarType st = scalar_type(dtype);
-  for (int g = 0; g < G; ++g) max_group = std::max(max_group, part.group(g).padded_numel);
   for (int g = 0; g < G; ++g) {
     const Partition::Group& grp = part.group(g);
     owned_begin.push_back(o.stage == 0 ? 0 : static_cast<int64_t>(rank) * grp.shard_numel);
@@ -249,7 +252,7 @@ std::vector<Tensor> Engine::State::views(int unit, bool grads) {
       // The group's gradient buffer exists from the first Unit (in backward order) that adds
       // to it until the group's own Unit has run its backward and it is reduce-scattered.
       if (!grad_tmp[g]) {
-        grad_tmp[g] = grad_pool.take(dev, max_group, scalar_type(dtype));
+        grad_tmp[g] = grad_pool.take(dev, part.group(loc.group).padded_numel, scalar_type(dtype));
         // Host memset: the buffer's previous users (a finished reduction) are done with it.
         std::memset(grad_tmp[g].data(), 0, static_cast<size_t>(part.group(loc.group).padded_numel) * esize());
       }
@@ -271,7 +274,7 @@ void Engine::State::gather(int unit) {
     Tensor& full = gathered[static_cast<size_t>(g)];
     if (full) continue;
     const Partition::Group& grp = part.group(g);
-    full = param_pool.take(dev, max_group, scalar_type(dtype));
+    full = param_pool.take(dev, grp.padded_numel, scalar_type(dtype));
     // The shard (work[g]) changes only in the optimizer step, between steps: nothing to wait for.
     gathering[static_cast<size_t>(g)] =
         comm.all_gather(work[static_cast<size_t>(g)].data(), full.data(),

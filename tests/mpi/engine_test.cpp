@@ -40,7 +40,7 @@ struct Setup {
   int ga = 1;
   ScalarType type = ScalarType::f32;
   float clip = 1e6f;  // inactive unless set low
-  std::optional<optim::LossScalerOptions> scaler;
+  std::optional<optim::LossScalerOptions> scaler = std::nullopt;
 };
 
 constexpr int kSteps = 20;
