@@ -13,10 +13,10 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <vector>
 
+#include "bench/common/mpi_timing.hpp"
 #include "bench/common/report.hpp"
 #include "collectives/communicator.hpp"
 #include "runtime/core/world.hpp"
@@ -27,9 +27,6 @@ const char* const kUsage =
     "usage: mpirun -np N comm_bandwidth [--quick]\n"
     "  Bus bandwidth of our all_gather / reduce_scatter / all_reduce vs raw MPI; JSON on stdout.\n";
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 }  // namespace
 
@@ -50,24 +47,7 @@ int main(int argc, char** argv) {
     const int reps = opt.quick ? 5 : 9;
     const double bus_rs = (n - 1.0) / n, bus_ar = 2.0 * (n - 1.0) / n;
 
-    // Times `fn` (one collective, completed) on every rank; the slowest rank's seconds.
-    auto time_once = [&](const std::function<void()>& fn) {
-      MPI_Barrier(raw);
-      const double t0 = now();
-      fn();
-      double t = now() - t0;
-      MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, raw);
-      return t;
-    };
-    auto stats_of = [](std::vector<double> t) {
-      std::sort(t.begin(), t.end());
-      Stats s;
-      s.reps = static_cast<int>(t.size());
-      s.min = t.front();
-      s.max = t.back();
-      s.median = t[t.size() / 2];
-      return s;
-    };
+    auto time_once = [&](const std::function<void()>& fn) { return slowest_rank_seconds(raw, fn); };
     // Interleaves ours and theirs, rep by rep, after one warm-up each.
     auto duel = [&](const std::function<void()>& ours, const std::function<void()>& theirs) {
       time_once(ours);

@@ -10,10 +10,10 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 
+#include "bench/common/mpi_timing.hpp"
 #include "bench/common/report.hpp"
 #include "collectives/communicator.hpp"
 #include "models/gpt.hpp"
@@ -27,9 +27,6 @@ const char* kUsage =
     "  Step time of ZeRO stages 0-3 on the cpu backend, relative to stage 0, and the fraction\n"
     "  of communication hidden behind compute. Prints one JSON document (rank 0).\n";
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 }  // namespace
 
@@ -52,18 +49,7 @@ int main(int argc, char** argv) {
     auto stream = device->create_stream("compute");
     auto ops = models::make_ops(*device, *stream);
 
-    auto time_once = [&](const std::function<void()>& fn) {
-      MPI_Barrier(raw);
-      const double t0 = now();
-      fn();
-      double t = now() - t0;
-      MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, raw);
-      return t;
-    };
-    auto stats_of = [](std::vector<double> t) {
-      std::sort(t.begin(), t.end());
-      return Stats{t[t.size() / 2], t.front(), t.back(), static_cast<int>(t.size())};
-    };
+    auto time_once = [&](const std::function<void()>& fn) { return slowest_rank_seconds(raw, fn); };
     auto batch = [&](int64_t seed) {
       Batch b;
       b.inputs = Tensor::empty(*device, Shape{B, T}, ScalarType::i32, MemCategory::activations);

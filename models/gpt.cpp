@@ -85,15 +85,10 @@ class BlockUnit final : public GptUnit {
   void backward(UnitContext& ctx) override {
     require_params(ctx, true);
     ZERO_REQUIRE(ctx.grad_output, "gpt unit " + name_ + ": backward without grad_output");
+    // Checkpointed: re-materialise. The same ops on the same input and parameters give bitwise
+    // the same intermediates (every op is deterministic), hence the same gradients.
     std::unique_ptr<BlockState> owned;
-    BlockState* s = dynamic_cast<BlockState*>(ctx.state.get());
-    if (s == nullptr) {
-      // Re-materialisation: the same ops on the same input and parameters give bitwise the
-      // same intermediates (every op is deterministic), hence the same gradients.
-      owned = std::make_unique<BlockState>();
-      (void)run_forward(ctx, *owned);
-      s = owned.get();
-    }
+    BlockState* s = &saved_or_recomputed(ctx, owned, [&](BlockState& st) { (void)run_forward(ctx, st); });
     const std::vector<Tensor>& w = ctx.params;
     const std::vector<Tensor>& g = ctx.grads;
     const Tensor& x = ctx.input;

@@ -1,5 +1,7 @@
 #include "models/mlp.hpp"
 
+#include "runtime/core/random.hpp"
+
 #include <cmath>
 #include <string>
 #include <utility>
@@ -56,13 +58,8 @@ class HiddenUnit final : public MlpUnit {
   }
   void backward(UnitContext& ctx) override {
     require(ctx, true);
-    std::unique_ptr<HiddenState> owned;
-    auto* s = dynamic_cast<HiddenState*>(ctx.state.get());
-    if (s == nullptr) {  // checkpointed: recompute the pre-activation
-      owned = std::make_unique<HiddenState>();
-      (void)run(ctx, *owned);
-      s = owned.get();
-    }
+    std::unique_ptr<HiddenState> owned;  // checkpointed: the pre-activation, recomputed
+    HiddenState* s = &saved_or_recomputed(ctx, owned, [&](HiddenState& st) { (void)run(ctx, st); });
     const Tensor& x = input(ctx);
     Tensor dh = act(s->h.shape());
     ops_.gelu_backward(dh, ctx.grad_output, s->h);
@@ -121,21 +118,6 @@ class HeadUnit final : public MlpUnit {
   }
 };
 
-uint64_t mix64(uint64_t x) noexcept {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// N(0, 1) from a counter (Box-Muller on two 32-bit halves).
-float normal(uint64_t key, uint64_t i) {
-  const uint64_t bits = mix64(key ^ mix64(i));
-  const double u1 = (static_cast<double>(bits >> 32) + 1.0) / 4294967296.0;
-  const double u2 = static_cast<double>(bits & 0xffffffffULL) / 4294967296.0;
-  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
-}
-
 }  // namespace
 
 Model make_mlp(const MlpOptions& o, Ops& ops) {
@@ -178,11 +160,11 @@ Model make_mlp(const MlpOptions& o, Ops& ops) {
 MlpTeacherTask::MlpTeacherTask(MlpShape shape, uint64_t seed)
     : shape_(shape), seed_(seed), teacher_hidden_(2 * shape.classes + 8) {
   ZERO_REQUIRE(shape.in_features > 0 && shape.classes > 1, "mlp teacher task: bad shape");
-  const uint64_t key = mix64(seed ^ 0x7465616368ULL);  // "teach"
+  const uint64_t key = hash_counters(seed, hash_string("mlp teacher"));
   w1_.resize(static_cast<size_t>(shape.in_features) * teacher_hidden_);
   w2_.resize(static_cast<size_t>(teacher_hidden_) * shape.classes);
-  for (size_t i = 0; i < w1_.size(); ++i) w1_[i] = normal(key, i);
-  for (size_t i = 0; i < w2_.size(); ++i) w2_[i] = normal(key + 1, i);
+  for (size_t i = 0; i < w1_.size(); ++i) w1_[i] = counter_normal(key, i);
+  for (size_t i = 0; i < w2_.size(); ++i) w2_[i] = counter_normal(key + 1, i);
 }
 
 void MlpTeacherTask::batch(int64_t first, int count, std::vector<float>& features,
@@ -190,12 +172,12 @@ void MlpTeacherTask::batch(int64_t first, int count, std::vector<float>& feature
   const int D = shape_.in_features, H = teacher_hidden_, K = shape_.classes;
   features.resize(static_cast<size_t>(count) * D);
   labels.resize(static_cast<size_t>(count));
-  const uint64_t key = mix64(seed_ ^ 0x6665617475ULL);  // "featu"
+  const uint64_t key = hash_counters(seed_, hash_string("mlp features"));
   std::vector<double> hid(static_cast<size_t>(H));
   for (int r = 0; r < count; ++r) {
     const uint64_t sample = static_cast<uint64_t>(first + r);
     float* x = features.data() + static_cast<size_t>(r) * D;
-    for (int d = 0; d < D; ++d) x[d] = normal(key, sample * static_cast<uint64_t>(D) + static_cast<uint64_t>(d));
+    for (int d = 0; d < D; ++d) x[d] = counter_normal(key, sample * static_cast<uint64_t>(D) + static_cast<uint64_t>(d));
     for (int h = 0; h < H; ++h) {
       double a = 0;
       for (int d = 0; d < D; ++d) a += static_cast<double>(x[d]) * w1_[static_cast<size_t>(d) * H + h];

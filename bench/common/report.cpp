@@ -19,13 +19,23 @@ Stats time_it(int warmup, int reps, const std::function<void()>& fn) {
     auto b = std::chrono::steady_clock::now();
     t.push_back(std::chrono::duration<double>(b - a).count());
   }
+  return stats_of(std::move(t));
+}
+
+Stats stats_of(std::vector<double> t) {
   std::sort(t.begin(), t.end());
   Stats s;
-  s.reps = reps;
+  const int n = static_cast<int>(t.size());
+  s.reps = n;
+  if (n == 0) return s;
   s.min = t.front();
   s.max = t.back();
-  s.median = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+  s.median = n % 2 ? t[static_cast<size_t>(n / 2)] : 0.5 * (t[static_cast<size_t>(n / 2 - 1)] + t[static_cast<size_t>(n / 2)]);
   return s;
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 Stats rate(double items, const Stats& seconds) {

@@ -18,6 +18,10 @@ struct Stats {
 
 // Runs fn `warmup` times untimed, then `reps` times timed; seconds per call.
 Stats time_it(int warmup, int reps, const std::function<void()>& fn);
+// Median (mean of the two middle values for an even count), min and max of measured seconds.
+Stats stats_of(std::vector<double> seconds);
+// A steady clock in seconds.
+double now_seconds();
 // Turns seconds per call into items per second
 // (median of rates = items / median time; min rate = items / max time).
 Stats rate(double items, const Stats& seconds);

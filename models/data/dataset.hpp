@@ -12,14 +12,16 @@
 //     rank running W times the gradient accumulation sees exactly the data W ranks see.
 // Thread-safety: every const member of a Dataset may be called concurrently.
 //
-// Also here: the counter-based hashing both datasets draw from (mix64, hash_counters) and a
-// seeded bijection on [0, n) (IndexPermutation). They hold no state, so the contract above holds
-// without locks or caches.
+// Also here: a seeded bijection on [0, n) (IndexPermutation), built on the counter-based hashes
+// of runtime/core/random.hpp. They hold no state, so the contract above holds without locks or
+// caches.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "runtime/core/random.hpp"
 
 namespace zero::models::data {
 
@@ -49,26 +51,9 @@ class Dataset {
 
 namespace detail {
 
-// A bijective 64-bit mixer (the SplitMix64 finaliser): every input bit affects every output bit.
-constexpr uint64_t mix64(uint64_t x) noexcept {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
-// A keyed hash of up to three counters. Chained mixing (not XOR of independent hashes) so that
-// swapping two counters gives an unrelated value.
-constexpr uint64_t hash_counters(uint64_t key, uint64_t a, uint64_t b = 0,
-                                 uint64_t c = 0) noexcept {
-  uint64_t h = mix64(key ^ 0x6a09e667f3bcc908ULL);  // constant: key 0 must not mix from 0
-  h = mix64(h ^ a);
-  h = mix64((h + 0x9e3779b97f4a7c15ULL) ^ b);
-  h = mix64((h + 0x9e3779b97f4a7c15ULL) ^ c);
-  return h;
-}
+// The counter-based hashes live in runtime/core/random.hpp; the datasets draw from them.
+using zero::hash_counters;
+using zero::mix64;
 
 // A seeded permutation of [0, n), computed per index in O(1) expected time and memory: a
 // balanced Feistel network on the smallest even number of bits that covers n, with "cycle

@@ -1,28 +1,10 @@
 #include "runtime/core/unit.hpp"
 
+#include "runtime/core/random.hpp"
+
 #include <algorithm>
-#include <cmath>
-#include <numbers>
 
 namespace zero {
-namespace {
-
-// splitmix64's finaliser: a bijective mix of 64 bits, good enough to turn counters into
-// independent-looking uniform bits (we need reproducibility, not cryptography).
-uint64_t mix64(uint64_t x) noexcept {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-uint64_t fnv1a(std::string_view s) noexcept {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
-  return h;
-}
-
-}  // namespace
 
 void init_param_values(const ParamSpec& spec, uint64_t seed, int64_t begin, int64_t count,
                        float* out) {
@@ -37,15 +19,9 @@ void init_param_values(const ParamSpec& spec, uint64_t seed, int64_t begin, int6
   }
   // The key depends on the name, not on the parameter's position in the table, so adding a
   // parameter elsewhere does not change this one's values.
-  const uint64_t key = mix64(seed ^ mix64(fnv1a(spec.name)));
-  for (int64_t i = 0; i < count; ++i) {
-    const uint64_t bits = mix64(key ^ mix64(static_cast<uint64_t>(begin + i)));
-    // Box-Muller on two 32-bit uniforms; u1 in (0, 1] so the log is finite.
-    const double u1 = (static_cast<double>(bits >> 32) + 1.0) / 4294967296.0;
-    const double u2 = static_cast<double>(bits & 0xffffffffULL) / 4294967296.0;
-    const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-    out[i] = static_cast<float>(z * static_cast<double>(spec.init_std));
-  }
+  const uint64_t key = hash_counters(seed, hash_string(spec.name));
+  for (int64_t i = 0; i < count; ++i)
+    out[i] = counter_normal(key, static_cast<uint64_t>(begin + i)) * spec.init_std;
 }
 
 int64_t Model::parameter_count() const noexcept {

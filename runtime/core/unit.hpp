@@ -89,6 +89,17 @@ struct UnitContext {
   std::unique_ptr<UnitState> state;
 };
 
+// For a checkpointable Unit's backward: the state its forward kept, or, when it kept none
+// (checkpointed), a fresh one that `recompute(state)` fills by running the forward again. A
+// recomputed state is held by `owned` for as long as the caller needs it.
+template <class S, class Recompute>
+S& saved_or_recomputed(UnitContext& ctx, std::unique_ptr<S>& owned, Recompute&& recompute) {
+  if (auto* s = dynamic_cast<S*>(ctx.state.get())) return *s;
+  owned = std::make_unique<S>();
+  recompute(*owned);
+  return *owned;
+}
+
 class Unit {
  public:
   virtual ~Unit() = default;

@@ -369,17 +369,14 @@ double Engine::State::micro_batch(const Batch& batch, float seed_scale) {
     // has passed it (stage 3 also frees the gathered parameters here).
     if (o.stage == 3) release_except(static_cast<int>(u) + 1); else compute_point()->synchronize();
   }
-  const ScalarType lt = ctx.back().loss.type();
-  double loss = 0;
-  if (lt == ScalarType::f64) {
-    copy_to_host(dev, compute, &loss, ctx.back().loss);
-  } else {
-    float f = 0;
-    copy_to_host(dev, compute, &f, ctx.back().loss);
-    compute.synchronize();
-    loss = f;
-  }
-  compute.synchronize();  // the loss has landed (and any bad token was reported)
+  // The loss (fp32, or fp64 with fp64 activations) to the host; the synchronize also reports a
+  // bad token or target found by this micro-batch's ops.
+  double loss64 = 0;
+  float loss32 = 0;
+  const bool f64 = ctx.back().loss.type() == ScalarType::f64;
+  copy_to_host(dev, compute, f64 ? static_cast<void*>(&loss64) : static_cast<void*>(&loss32), ctx.back().loss);
+  compute.synchronize();
+  const double loss = f64 ? loss64 : loss32;
 
   Tensor dprev;
   for (size_t u = U; u-- > 0;) {

@@ -114,22 +114,12 @@ TEST_CASE("gpt: whole-model gradients match central finite differences in fp64")
   int checked = 0;
   for (size_t i = 0; i < m.params.size(); ++i) {
     const std::vector<double> grad = r.grad(i);
-    std::vector<double> p = r.param(i);
     std::vector<size_t> elems;
-    for (int k = 0; k < 4; ++k) elems.push_back(rng() % p.size());
+    for (int k = 0; k < 4; ++k) elems.push_back(rng() % grad.size());
     if (i == 0) elems.push_back(static_cast<size_t>(tokens[0]) * s.n_embd + 3);  // a used wte row
     if (i == 1) elems.push_back(static_cast<size_t>(T + 1) * s.n_embd);          // an unused position
     for (size_t e : elems) {
-      const double keep = p[e];
-      p[e] = keep + h;
-      r.set_param(i, p);
-      const double up = r.forward(batch);
-      p[e] = keep - h;
-      r.set_param(i, p);
-      const double down = r.forward(batch);
-      p[e] = keep;
-      r.set_param(i, p);
-      const double fd = (up - down) / (2 * h);
+      const double fd = r.finite_difference(i, e, h, batch);
       INFO(m.params[i].name << "[" << e << "]: analytic " << grad[e] << ", finite difference " << fd);
       CHECK(std::abs(fd - grad[e]) <= 1e-8 + 1e-6 * std::abs(fd));
       ++checked;

@@ -104,37 +104,55 @@ class ModelRunner {
   std::vector<double> param(size_t i) { return read(params_[i]); }
   std::vector<double> grad(size_t i) { return read(grads_[i]); }
   void set_param(size_t i, const std::vector<double>& v) { write(params_[i], v); }
+  // Central difference (L(p + h) - L(p - h)) / 2h of the loss on `batch` with respect to
+  // element e of parameter i; the parameter is restored afterwards.
+  double finite_difference(size_t i, size_t e, double h, const Batch& batch) {
+    std::vector<double> p = param(i);
+    const double keep = p[e];
+    p[e] = keep + h;
+    set_param(i, p);
+    const double up = forward(batch);
+    p[e] = keep - h;
+    set_param(i, p);
+    const double down = forward(batch);
+    p[e] = keep;
+    set_param(i, p);
+    return (up - down) / (2 * h);
+  }
   const Tensor& param_tensor(size_t i) const { return params_[i]; }
   const Tensor& grad_tensor(size_t i) const { return grads_[i]; }
 
+  // Host copies as doubles (fp64 and int32 exactly; fp32/fp16/bf16 through dtype.hpp's exact
+  // widening, and back with its round-to-nearest-even narrowing).
   std::vector<double> read(const Tensor& t) {
     std::vector<unsigned char> raw(t.bytes());
     copy_to_host(ops_.device(), ops_.stream(), raw.data(), t);
     ops_.stream().synchronize();
-    std::vector<double> out(static_cast<size_t>(t.numel()));
-    for (size_t i = 0; i < out.size(); ++i) {
-      const unsigned char* p = raw.data() + i * size_of(t.type());
-      switch (t.type()) {
-        case ScalarType::f64: { double d; std::memcpy(&d, p, 8); out[i] = d; break; }
-        case ScalarType::f32: { float f; std::memcpy(&f, p, 4); out[i] = f; break; }
-        case ScalarType::bf16: { bfloat16 h; std::memcpy(&h, p, 2); out[i] = to_float(h); break; }
-        case ScalarType::f16: { half h; std::memcpy(&h, p, 2); out[i] = to_float(h); break; }
-        case ScalarType::i32: { int32_t k; std::memcpy(&k, p, 4); out[i] = k; break; }
-      }
+    const size_t n = static_cast<size_t>(t.numel());
+    if (t.type() == ScalarType::f64) {
+      std::vector<double> out(n);
+      std::memcpy(out.data(), raw.data(), raw.size());
+      return out;
     }
-    return out;
+    if (t.type() == ScalarType::i32) {
+      std::vector<int32_t> k(n);
+      std::memcpy(k.data(), raw.data(), raw.size());
+      return std::vector<double>(k.begin(), k.end());
+    }
+    std::vector<float> f(n);
+    convert(raw.data(), *to_dtype(t.type()), f.data(), DType::f32, n);
+    return std::vector<double>(f.begin(), f.end());
   }
   void write(const Tensor& t, const std::vector<double>& v) {
     std::vector<unsigned char> raw(t.bytes());
-    for (size_t i = 0; i < v.size(); ++i) {
-      unsigned char* p = raw.data() + i * size_of(t.type());
-      switch (t.type()) {
-        case ScalarType::f64: std::memcpy(p, &v[i], 8); break;
-        case ScalarType::f32: { float f = static_cast<float>(v[i]); std::memcpy(p, &f, 4); break; }
-        case ScalarType::bf16: { bfloat16 h = to_bfloat16(static_cast<float>(v[i])); std::memcpy(p, &h, 2); break; }
-        case ScalarType::f16: { half h = to_half(static_cast<float>(v[i])); std::memcpy(p, &h, 2); break; }
-        case ScalarType::i32: { int32_t k = static_cast<int32_t>(v[i]); std::memcpy(p, &k, 4); break; }
-      }
+    if (t.type() == ScalarType::f64) {
+      std::memcpy(raw.data(), v.data(), raw.size());
+    } else if (t.type() == ScalarType::i32) {
+      std::vector<int32_t> k(v.begin(), v.end());
+      std::memcpy(raw.data(), k.data(), raw.size());
+    } else {
+      const std::vector<float> f(v.begin(), v.end());
+      convert(f.data(), DType::f32, raw.data(), *to_dtype(t.type()), f.size());
     }
     copy_from_host(ops_.device(), ops_.stream(), t, raw.data());
     ops_.stream().synchronize();

@@ -149,7 +149,14 @@ void compare(const Setup& base, bool bitwise, double param_tol) {
                   << to_string(s.type) << (s.gpt ? ", gpt" : ", mlp") << ": final loss "
                   << got.losses.back() << " vs reference " << ref.losses.back()
                   << ", relative L2 parameter difference " << rel_l2_diff(got, ref, names));
-    CHECK(ref.losses.back() < 0.9 * ref.losses.front());  // it trains at all
+    // It trains at all: the last five steps' mean loss below the first five's (each step sees
+    // new data, so single losses are noisy).
+    const auto mean5 = [&](int from) {
+      double m = 0;
+      for (int t = from; t < from + 5; ++t) m += ref.losses[static_cast<size_t>(t)] / 5;
+      return m;
+    };
+    CHECK(mean5(kSteps - 5) < 0.95 * mean5(0));
     CHECK(got.skipped == ref.skipped);  // overflow is decided on the same (global) gradient
     for (int t = 0; t < kSteps; ++t)  // the mean of the same losses, summed in another order
       CHECK(std::abs(got.losses[t] - ref.losses[t]) <= 1e-5 * std::abs(ref.losses[t]) + (bitwise ? 1e-6 : param_tol));
@@ -169,7 +176,7 @@ TEST_CASE("engine: fp32, one micro-batch per rank: every stage is bitwise the 1-
 
 // Measured on 1-4 ranks: relative L2 differences up to 6e-8 (fp32 MLP), 7e-4 (bf16: each
 // micro-batch's gradient is rounded to 8 bits before it is summed, in a stage-dependent order),
-// 1.6e-7 (GPT). (On unlearnable random targets the GPT's gradients hover near zero and the
+// 2e-7 (GPT). (On unlearnable random targets the GPT's gradients hover near zero and the
 // difference grew to 6e-5: Adam amplifies noise-level gradients.) The bounds leave a factor of
 // 4 to 16 for other CPUs' BLAS kernels.
 TEST_CASE("engine: fp32 with accumulation 3 and active clipping: every stage within 1e-6") {
