@@ -1,9 +1,13 @@
 #include "runtime/engine/engine.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <tuple>
 
 #include "optim/clip.hpp"
 #include "optim/host_adam.hpp"
@@ -25,10 +29,14 @@ struct Engine::State {
   DType dtype = DType::f32;  // of the working parameters and the gradients
 
   // Per group (see engine.hpp for which exist at which stage).
-  std::vector<Tensor> work;       // stage 0-2: full padded buffer; stage 3: this rank's shard
-  std::vector<Tensor> gathered;   // stage 3: the full buffer while a Unit needs it
-  std::vector<coll::Work> gathering;  // stage 3: the all-gather filling gathered[g]
+  std::vector<bool> whole;        // working parameters held whole: stage 0-2, persistent at 3
+  std::vector<Tensor> work;       // whole: full padded buffer; else (stage 3) this rank's shard
+  std::vector<Tensor> gathered;   // stage 3, not whole: the full buffer while Units need it
+  // The all-gather filling gathered[g] (stage 3) or, after the optimizer step, work[g] (whole
+  // groups at stage 1-3); a Unit reading the group waits for it first.
+  std::vector<coll::Work> gathering;
   std::vector<Tensor> grad_full;  // stage 0/1: full padded gradient
+  std::vector<coll::Work> reducing;  // stage 0/1: its all-reduce / reduce-scatter in flight
   std::vector<Tensor> grad_tmp;   // stage 2/3: full gradient during one backward, then freed
   // Stage 2/3: the reduced gradient shard. With accumulation an fp32 accumulator over the
   // micro-batches (DESIGN.md: 16-bit sums of many micro-batches lose the small ones); with one
@@ -46,7 +54,21 @@ struct Engine::State {
   std::unique_ptr<optim::HostAdam> adam;
   std::unique_ptr<optim::LossScaler> scaler;
   std::unique_ptr<Event> compute_done;  // hand-offs from the compute stream (see below)
-  int64_t steps = 0;
+  int64_t steps = 0;    // optimizer steps taken, skipped (fp16 overflow) ones included
+  int64_t applied = 0;  // steps applied: Adam's t and the LR schedule's position, as in
+                        // DeepSpeed, where a skipped step calls neither optimizer nor scheduler
+
+  // Stage 3: the order Units run in during one step (per micro-batch: forward 0..U-1, then
+  // backward U-1..0), the schedule prefetching and releasing follow.
+  std::vector<int> trace;
+  int64_t live_elems = 0;  // stage 3: elements gathered (present or in flight), not whole
+
+  // Timers (EngineOptions::timers). comm_busy_ns is written on the communicator's stream.
+  std::atomic<int64_t> comm_busy_ns{0};
+  int64_t comm_busy_reported_ns = 0;
+  double comm_t0 = 0;  // touched only on the communicator's stream
+  double exposed = 0;  // this step's host time waiting on collectives
+  double fwd_time = 0, bwd_time = 0;  // this step's host time in forward / backward
 
   size_t esize() const { return size_of(dtype); }
   unsigned char* at(const Tensor& t, int64_t elems, size_t elem_size) const {
@@ -55,6 +77,8 @@ struct Engine::State {
   int64_t owned_len(int g) const {
     return o.stage == 0 ? part.group(g).padded_numel : part.group(g).shard_numel;
   }
+  // Where this rank's owned range of group g starts in work[g].
+  int64_t work_owned_begin(int g) const { return whole[static_cast<size_t>(g)] ? owned_begin[static_cast<size_t>(g)] : 0; }
   // The pieces of parameters inside this rank's owned range of group g; shard_offset is
   // relative to the owned range's start.
   std::vector<Partition::Piece> owned_pieces(int g) const {
@@ -75,11 +99,50 @@ struct Engine::State {
     return compute_done.get();
   }
 
+  // Issues one collective, `issue(after)`. With timers it is bracketed on the communicator's
+  // stream by clock reads (after its `after` event: waiting for the compute stream is not
+  // communication), which add its duration to comm_busy_ns.
+  template <class F>
+  coll::Work post(F&& issue, Event* after) {
+    if (!o.timers) return issue(after);
+    Stream& cs = comm.stream();
+    if (after) cs.wait(*after);
+    cs.launch_host([this] { comm_t0 = now_seconds(); });
+    coll::Work w = issue(nullptr);
+    cs.launch_host([this] {
+      comm_busy_ns += static_cast<int64_t>((now_seconds() - comm_t0) * 1e9);
+    });
+    return w;
+  }
+  // The host needs collective `w` done. With timers, the compute stream is drained first (it
+  // runs at most one Unit behind; its time is not communication) and the wait is counted as
+  // exposed communication.
+  void wait_comm(coll::Work& w) {
+    if (!w.event() || w.test()) {
+      w.wait();  // complete: only reports its error, if any
+    } else if (o.timers) {
+      compute.synchronize();
+      const double t0 = now_seconds();
+      w.wait();
+      exposed += now_seconds() - t0;
+    } else {
+      w.wait();
+    }
+    w = coll::Work();
+  }
+  static double now_seconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+
   void init_state();
   std::vector<Tensor> views(int unit, bool grads);
-  void gather(int unit);
+  bool present(int g) const { return whole[static_cast<size_t>(g)] || gathered[static_cast<size_t>(g)]; }
+  void gather_group(int g);
   void use(int unit);
-  void release_except(int keep_unit);
+  void prefetch(size_t pos);
+  void release_after(size_t pos);
+  void release_all();
+  void start_reduce_full(int g);
   void reduce_group_stage2(int g);
   void finish_oldest_reduce();
 
@@ -91,17 +154,16 @@ struct Engine::State {
     Tensor full;
   };
   std::vector<PendingReduce> pending;  // oldest first
-  // At most this many reductions in flight: bounds the full gradient buffers alive at once.
-  static constexpr size_t kMaxReducesInFlight = 2;
+  int64_t pending_elems = 0;           // bounded by reduce_bucket_size (or one group)
 
   // The transient full-size buffers of stage 2/3 (gradients of a group during backward, gathered
   // parameters) come from pools kept across steps: freshly mapped memory page-faults on every
   // touch (measured: stage 2 a fifth slower than stage 0 when each micro-batch allocated them).
   // A buffer is reused only for a group of exactly its size (the transformer blocks share one
   // size; sizing every buffer for the largest group, the embedding, cost GPT-2 small 296 MB per
-  // rank at stage 2). At most 4 gradient and 3 parameter buffers are in use at once, so a size
-  // class holds at most that many; the ledger counts them as communication buffers, apart from
-  // the model state the ZeRO formula describes.
+  // rank at stage 2). How many are in use at once is bounded by the communication options
+  // (transient_bound()); the ledger counts them as communication buffers, apart from the model
+  // state the ZeRO formula describes.
   struct Pool {
     std::vector<Tensor> free;
     Tensor take(Device& d, int64_t elems, ScalarType t) {
@@ -124,18 +186,21 @@ struct Engine::State {
   // when an exception (an out-of-memory mid-step) unwinds the step or the Engine is destroyed.
   // Errors met while waiting are dropped: the exception already on its way is the one to report.
   void quiesce() noexcept {
-    for (coll::Work& w : gathering) {
-      try { w.wait(); } catch (...) {}
-      w = coll::Work();
-    }
+    for (std::vector<coll::Work>* ws : {&gathering, &reducing})
+      for (coll::Work& w : *ws) {
+        try { w.wait(); } catch (...) {}
+        w = coll::Work();
+      }
     for (PendingReduce& r : pending) {
       try { r.work.wait(); } catch (...) {}
     }
     pending.clear();
+    pending_elems = 0;
     try { compute.synchronize(); } catch (...) {}
+    try { comm.stream().synchronize(); } catch (...) {}  // the timers' clock reads
   }
   ~State() { quiesce(); }
-  double micro_batch(const Batch& batch, float seed_scale);
+  double micro_batch(const Batch& batch, float seed_scale, int mb);
   StepStats boundary(double loss);
 };
 
@@ -150,22 +215,26 @@ void store(void* dst, DType t, const float* src, int64_t n) {
 
 void Engine::State::init_state() {
   const int G = part.group_count();
-  work.resize(static_cast<size_t>(G));
-  gathered.resize(static_cast<size_t>(G));
-  gathering.resize(static_cast<size_t>(G));
-  grad_full.resize(static_cast<size_t>(G));
-  grad_tmp.resize(static_cast<size_t>(G));
+  const size_t Gs = static_cast<size_t>(G);
+  whole.resize(Gs);
+  work.resize(Gs);
+  gathered.resize(Gs);
+  gathering.resize(Gs);
+  grad_full.resize(Gs);
+  reducing.resize(Gs);
+  grad_tmp.resize(Gs);
   const ScalarType st = scalar_type(dtype);
   for (int g = 0; g < G; ++g) {
     const Partition::Group& grp = part.group(g);
+    const size_t gi = static_cast<size_t>(g);
+    whole[gi] = o.stage < 3 || grp.padded_numel <= o.param_persistence_threshold;
     owned_begin.push_back(o.stage == 0 ? 0 : static_cast<int64_t>(rank) * grp.shard_numel);
     owned_off.push_back(owned_total);
     owned_total += owned_len(g);
-    const int64_t n = o.stage == 3 ? grp.shard_numel : grp.padded_numel;
-    work[static_cast<size_t>(g)] = Tensor::zeros(dev, compute, Shape{n}, st, MemCategory::parameters);
+    const int64_t n = whole[gi] ? grp.padded_numel : grp.shard_numel;
+    work[gi] = Tensor::zeros(dev, compute, Shape{n}, st, MemCategory::parameters);
     if (o.stage <= 1)
-      grad_full[static_cast<size_t>(g)] =
-          Tensor::zeros(dev, compute, Shape{grp.padded_numel}, st, MemCategory::gradients);
+      grad_full[gi] = Tensor::zeros(dev, compute, Shape{grp.padded_numel}, st, MemCategory::gradients);
   }
   if (o.stage >= 2) {
     grad_acc_type = o.gradient_accumulation_steps > 1 ? DType::f32 : dtype;
@@ -182,24 +251,33 @@ void Engine::State::init_state() {
   // starts from the same model. The working copy is the fp32 value rounded to the dtype.
   std::vector<float> vals;
   for (int g = 0; g < G; ++g) {
-    if (o.stage < 3) {  // the full working buffer, on every rank
+    const size_t gi = static_cast<size_t>(g);
+    if (whole[gi]) {  // the full working buffer, on every rank
       for (int p : part.group(g).params) {
         const Partition::Location& loc = part.location(p);
         vals.resize(static_cast<size_t>(loc.numel));
         init_param_values(model.params[static_cast<size_t>(p)], o.seed, 0, loc.numel, vals.data());
-        store(at(work[static_cast<size_t>(g)], loc.offset, esize()), dtype, vals.data(), loc.numel);
+        store(at(work[gi], loc.offset, esize()), dtype, vals.data(), loc.numel);
       }
     }
     for (const Partition::Piece& pc : owned_pieces(g)) {
       vals.resize(static_cast<size_t>(pc.count));
       init_param_values(model.params[static_cast<size_t>(pc.param)], o.seed, pc.param_offset,
                         pc.count, vals.data());
-      if (o.stage == 3)
-        store(at(work[static_cast<size_t>(g)], pc.shard_offset, esize()), dtype, vals.data(), pc.count);
+      if (!whole[gi]) store(at(work[gi], pc.shard_offset, esize()), dtype, vals.data(), pc.count);
       if (master)
-        std::memcpy(at(master, owned_off[static_cast<size_t>(g)] + pc.shard_offset, 4), vals.data(),
+        std::memcpy(at(master, owned_off[gi] + pc.shard_offset, 4), vals.data(),
                     static_cast<size_t>(pc.count) * 4);
     }
+  }
+
+  if (o.stage == 3) {
+    const int U = static_cast<int>(model.units.size());
+    for (int mb = 0; mb < o.gradient_accumulation_steps; ++mb) {
+      for (int u = 0; u < U; ++u) trace.push_back(u);
+      for (int u = U; u-- > 0;) trace.push_back(u);
+    }
+    prefetch(0);  // the first step's first groups
   }
 }
 
@@ -212,6 +290,13 @@ Engine::Engine(Model& model, Device& device, Stream& compute, coll::Communicator
   ZERO_REQUIRE(s.o.gradient_accumulation_steps >= 1,
                "engine: gradient_accumulation_steps must be >= 1, got " +
                    std::to_string(s.o.gradient_accumulation_steps));
+  ZERO_REQUIRE(s.o.reduce_bucket_size >= 1,
+               "engine: zero_optimization.reduce_bucket_size must be >= 1 element, got " +
+                   std::to_string(s.o.reduce_bucket_size));
+  ZERO_REQUIRE(s.o.prefetch_bucket_size >= 0 && s.o.max_live_parameters >= 0 &&
+                   s.o.param_persistence_threshold >= 0,
+               "engine: zero_optimization.stage3_prefetch_bucket_size, stage3_max_live_parameters "
+               "and stage3_param_persistence_threshold must be >= 0");
   const std::optional<DType> dt = to_dtype(s.o.param_type);
   ZERO_REQUIRE(dt.has_value(), "engine: parameters must be fp32, bf16 or fp16, got " +
                                    std::string(to_string(s.o.param_type)));
@@ -245,7 +330,7 @@ std::vector<Tensor> Engine::State::views(int unit, bool grads) {
     const size_t g = static_cast<size_t>(loc.group);
     Tensor base;
     if (!grads) {
-      base = o.stage == 3 ? gathered[g] : work[g];
+      base = whole[g] ? work[g] : gathered[g];
     } else if (o.stage <= 1) {
       base = grad_full[g];
     } else {
@@ -265,63 +350,135 @@ std::vector<Tensor> Engine::State::views(int unit, bool grads) {
   return out;
 }
 
-// Stage 3: start the all-gathers of the groups Unit `unit` uses (those not already present or
-// in flight). Returns at once: the prefetch of the next Unit runs on the communicator's stream
-// while the compute stream works on the current one.
-void Engine::State::gather(int unit) {
-  if (unit < 0 || unit >= static_cast<int>(model.units.size())) return;
-  for (int g : part.unit_groups(unit)) {
-    Tensor& full = gathered[static_cast<size_t>(g)];
-    if (full) continue;
-    const Partition::Group& grp = part.group(g);
-    full = param_pool.take(dev, grp.padded_numel, scalar_type(dtype));
-    // The shard (work[g]) changes only in the optimizer step, between steps: nothing to wait for.
-    gathering[static_cast<size_t>(g)] =
-        comm.all_gather(work[static_cast<size_t>(g)].data(), full.data(),
-                        static_cast<size_t>(grp.shard_numel), dtype);
-  }
+// Stage 3: starts the all-gather of group g into a pooled full buffer unless it is whole,
+// present or in flight. Returns at once: it runs on the communicator's stream.
+void Engine::State::gather_group(int g) {
+  const size_t gi = static_cast<size_t>(g);
+  if (present(g)) return;
+  const Partition::Group& grp = part.group(g);
+  gathered[gi] = param_pool.take(dev, grp.padded_numel, scalar_type(dtype));
+  live_elems += grp.padded_numel;
+  // The shard (work[g]) changes only in the optimizer step, which waits for nothing of this
+  // step to be in flight: nothing to wait for.
+  gathering[gi] = post([&](Event* after) {
+    return comm.all_gather(work[gi].data(), gathered[gi].data(), static_cast<size_t>(grp.shard_numel),
+                           dtype, after);
+  }, nullptr);
+  if (!o.overlap_comm) wait_comm(gathering[gi]);
 }
 
-// Stage 3: Unit `unit` is about to run: its groups' all-gathers must have landed before the
-// compute stream reads them. chain() makes the compute stream wait, not the host.
+// Unit `unit` is about to run: its groups' all-gathers (stage 3, or the step-end all-gather of a
+// whole group at stage 1-3) must have landed before the compute stream reads them. chain()
+// makes the compute stream wait, not the host; with timers the host waits instead (the compute
+// stream is idle here anyway: the host is at most one Unit ahead) so the wait can be measured.
 void Engine::State::use(int unit) {
-  gather(unit);
   for (int g : part.unit_groups(unit)) {
-    gathering[static_cast<size_t>(g)].chain(compute);
-    gathering[static_cast<size_t>(g)] = coll::Work();
+    if (o.stage == 3) gather_group(g);
+    coll::Work& w = gathering[static_cast<size_t>(g)];
+    if (o.timers) {
+      wait_comm(w);
+    } else {
+      w.chain(compute);
+      w = coll::Work();
+    }
   }
 }
 
-// Stage 3: free the gathered groups Unit `keep_unit` (the next to run) does not need. The views
-// the finished Unit was given own nothing and its ops may still be queued: wait for the compute
-// stream first (this is also the engine's one-Unit bound on how far the host runs ahead).
-void Engine::State::release_except(int keep_unit) {
+// Stage 3: gathers ahead the groups of the Units at trace[from], trace[from + 1], ... : the
+// window of groups ahead (present or not, whole groups aside) holds at most prefetch_bucket_size
+// elements, and never more than max_live_parameters are gathered at once. Stops at the first Unit
+// that does not fit, so what is gathered ahead is always a prefix of what comes next.
+void Engine::State::prefetch(size_t from) {
+  if (o.prefetch_bucket_size <= 0) return;
+  int64_t budget = o.prefetch_bucket_size;
+  std::vector<bool> counted(gathered.size(), false);
+  for (size_t q = from; q < trace.size(); ++q) {
+    int64_t size = 0, need = 0;
+    for (int g : part.unit_groups(trace[q])) {
+      const size_t gi = static_cast<size_t>(g);
+      if (whole[gi] || counted[gi]) continue;
+      size += part.group(g).padded_numel;
+      if (!gathered[gi]) need += part.group(g).padded_numel;
+    }
+    if (size > budget || live_elems + need > o.max_live_parameters) return;
+    budget -= size;
+    for (int g : part.unit_groups(trace[q])) {
+      counted[static_cast<size_t>(g)] = true;
+      gather_group(g);
+    }
+  }
+}
+
+// Stage 3: trace[pos] has been enqueued. Release the gathered groups no Unit within the gathered
+// prefix of what follows needs (the next Unit's groups are "reused soon": the head's, between
+// forward and backward). The views the finished Unit was given own nothing and its ops may
+// still be queued: wait for the compute stream first (this is also the engine's one-Unit bound
+// on how far the host runs ahead).
+void Engine::State::release_after(size_t pos) {
   compute_point()->synchronize();
   std::vector<bool> keep(gathered.size(), false);
-  if (keep_unit >= 0 && keep_unit < static_cast<int>(model.units.size()))
-    for (int g : part.unit_groups(keep_unit)) keep[static_cast<size_t>(g)] = true;
+  for (size_t q = pos + 1; q < trace.size(); ++q) {
+    bool all = true;
+    for (int g : part.unit_groups(trace[q])) all = all && present(g);
+    if (!all) break;
+    for (int g : part.unit_groups(trace[q])) keep[static_cast<size_t>(g)] = true;
+  }
   for (size_t g = 0; g < gathered.size(); ++g)
     if (!keep[g] && gathered[g]) {
-      gathering[g].wait();  // a prefetch nobody used (cannot happen in order; cheap if done)
-      gathering[g] = coll::Work();
+      wait_comm(gathering[g]);  // a prefetch nobody used (cannot happen in order; cheap if done)
+      live_elems -= part.group(static_cast<int>(g)).padded_numel;
       param_pool.give(gathered[g]);
     }
+}
+
+// Stage 3, end of the step's last backward: the optimizer step is about to change the shards,
+// so no gathered copy may survive it.
+void Engine::State::release_all() {
+  compute_point()->synchronize();
+  for (size_t g = 0; g < gathered.size(); ++g)
+    if (gathered[g]) {
+      wait_comm(gathering[g]);
+      live_elems -= part.group(static_cast<int>(g)).padded_numel;
+      param_pool.give(gathered[g]);
+    }
+}
+
+// Stage 0/1: group g's gradient is complete (its Unit's backward of the last micro-batch is
+// enqueued, and no later Unit adds to it): start its all-reduce / reduce-scatter in place, after
+// the compute stream's current point. The boundary waits for it.
+void Engine::State::start_reduce_full(int g) {
+  const size_t gi = static_cast<size_t>(g);
+  const Partition::Group& grp = part.group(g);
+  Tensor& full = grad_full[gi];
+  reducing[gi] = post([&](Event* after) {
+    if (o.stage == 0)
+      return comm.all_reduce(full.data(), full.data(), static_cast<size_t>(grp.padded_numel), dtype,
+                             coll::ReduceOp::sum, after);
+    return comm.reduce_scatter(full.data(), at(full, owned_begin[gi], esize()),
+                               static_cast<size_t>(grp.shard_numel), dtype, coll::ReduceOp::sum, after);
+  }, compute_point());
+  if (!o.overlap_comm) wait_comm(reducing[gi]);
 }
 
 // Stage 2/3: group g's gradient of this micro-batch is complete once the compute stream has run
 // its Unit's backward. Start the reduce-scatter after that point (in place: the rank's shard of
 // the buffer receives the sum) and return: it runs on the communicator's stream while backward
-// goes on. finish_oldest_reduce() takes the result.
+// goes on. finish_oldest_reduce() takes the result. The full buffers in reduction hold at most
+// reduce_bucket_size elements, or one group if it is larger.
 void Engine::State::reduce_group_stage2(int g) {
   Tensor& full = grad_tmp[static_cast<size_t>(g)];
   if (!full) return;  // no Unit added to it (a group of no parameters)
   const Partition::Group& grp = part.group(g);
+  while (!pending.empty() && pending_elems + grp.padded_numel > o.reduce_bucket_size) finish_oldest_reduce();
   unsigned char* shard = at(full, owned_begin[static_cast<size_t>(g)], esize());
-  coll::Work w = comm.reduce_scatter(full.data(), shard, static_cast<size_t>(grp.shard_numel),
-                                     dtype, coll::ReduceOp::sum, compute_point());
+  coll::Work w = post([&](Event* after) {
+    return comm.reduce_scatter(full.data(), shard, static_cast<size_t>(grp.shard_numel), dtype,
+                               coll::ReduceOp::sum, after);
+  }, compute_point());
   pending.push_back({g, std::move(w), std::move(full)});
+  pending_elems += grp.padded_numel;
   full = Tensor();
-  if (pending.size() > kMaxReducesInFlight) finish_oldest_reduce();
+  if (!o.overlap_comm) finish_oldest_reduce();
 }
 
 // Waits for the oldest reduce-scatter, keeps its shard (or adds it to the fp32 accumulator) and
@@ -329,12 +486,13 @@ void Engine::State::reduce_group_stage2(int g) {
 void Engine::State::finish_oldest_reduce() {
   PendingReduce r = std::move(pending.front());
   pending.erase(pending.begin());
-  r.work.wait();
+  pending_elems -= part.group(r.group).padded_numel;
   struct GiveBack {  // the buffer returns to the pool however this function ends
     Pool& pool;
     Tensor& t;
     ~GiveBack() { pool.give(t); }
   } give_back{grad_pool, r.full};
+  wait_comm(r.work);
   const size_t g = static_cast<size_t>(r.group);
   const unsigned char* shard = at(r.full, owned_begin[g], esize());
   const size_t n = static_cast<size_t>(part.group(r.group).shard_numel);
@@ -348,16 +506,17 @@ void Engine::State::finish_oldest_reduce() {
   }
 }
 
-double Engine::State::micro_batch(const Batch& batch, float seed_scale) {
+double Engine::State::micro_batch(const Batch& batch, float seed_scale, int mb) {
   const size_t U = model.units.size();
+  const bool last = mb + 1 == o.gradient_accumulation_steps;
+  const size_t base = static_cast<size_t>(mb) * 2 * U;  // stage 3: this micro-batch in trace
   std::vector<UnitContext> ctx(U);
   Tensor prev;
+  double t0 = now_seconds();
   for (size_t u = 0; u < U; ++u) {
     UnitContext& c = ctx[u];
-    if (o.stage == 3) {
-      use(static_cast<int>(u));
-      gather(static_cast<int>(u) + 1);  // prefetch the next Unit's parameters
-    }
+    use(static_cast<int>(u));
+    if (o.stage == 3) prefetch(base + u + 1);
     c.batch = &batch;
     c.input = prev;
     c.checkpoint = checkpoint[u];
@@ -367,7 +526,7 @@ double Engine::State::micro_batch(const Batch& batch, float seed_scale) {
     prev = c.output;
     // At most one Unit in flight on the stream: memory a Unit dropped is free once the stream
     // has passed it (stage 3 also frees the gathered parameters here).
-    if (o.stage == 3) release_except(static_cast<int>(u) + 1); else compute_point()->synchronize();
+    if (o.stage == 3) release_after(base + u); else compute_point()->synchronize();
   }
   // The loss (fp32, or fp64 with fp64 activations) to the host; the synchronize also reports a
   // bad token or target found by this micro-batch's ops.
@@ -377,13 +536,16 @@ double Engine::State::micro_batch(const Batch& batch, float seed_scale) {
   copy_to_host(dev, compute, f64 ? static_cast<void*>(&loss64) : static_cast<void*>(&loss32), ctx.back().loss);
   compute.synchronize();
   const double loss = f64 ? loss64 : loss32;
+  double t1 = now_seconds();
+  fwd_time += t1 - t0;
 
   Tensor dprev;
   for (size_t u = U; u-- > 0;) {
+    const size_t pos = base + U + (U - 1 - u);
     UnitContext& c = ctx[u];
     if (o.stage == 3) {
       use(static_cast<int>(u));
-      gather(static_cast<int>(u) - 1);  // prefetch the next Unit in backward order
+      prefetch(pos + 1);
     }
     c.params = views(static_cast<int>(u), false);
     c.grads = views(static_cast<int>(u), true);
@@ -393,25 +555,25 @@ double Engine::State::micro_batch(const Batch& batch, float seed_scale) {
     dprev = c.grad_input;
     c = UnitContext();
     if (o.stage >= 2) reduce_group_stage2(static_cast<int>(u));  // group u is complete now
-    if (o.stage == 3) release_except(static_cast<int>(u) - 1); else compute_point()->synchronize();
+    if (o.stage <= 1 && last && o.overlap_comm) start_reduce_full(static_cast<int>(u));
+    if (o.stage == 3) {
+      if (last && u == 0) release_all(); else release_after(pos);
+    } else {
+      compute_point()->synchronize();
+    }
   }
   while (!pending.empty()) finish_oldest_reduce();
+  bwd_time += now_seconds() - t1;
   return loss;
 }
 
 StepStats Engine::State::boundary(double loss) {
   const int G = part.group_count();
-  // Stage 0/1: reduce the accumulated gradients now.
+  // Stage 0/1: the reductions started during the last backward (or, without overlap_comm, now).
   for (int g = 0; g < G && o.stage <= 1; ++g) {
-    const Partition::Group& grp = part.group(g);
-    Tensor& full = grad_full[static_cast<size_t>(g)];
-    if (o.stage == 0)
-      comm.all_reduce(full.data(), full.data(), static_cast<size_t>(grp.padded_numel), dtype,
-                      coll::ReduceOp::sum, compute_point()).wait();
-    else
-      comm.reduce_scatter(full.data(), at(full, owned_begin[static_cast<size_t>(g)], esize()),
-                          static_cast<size_t>(grp.shard_numel), dtype, coll::ReduceOp::sum,
-                          compute_point()).wait();
+    coll::Work& w = reducing[static_cast<size_t>(g)];
+    if (!w.event() && !o.overlap_comm) start_reduce_full(g);
+    wait_comm(w);
   }
   // Where this rank's reduced gradient for its owned range of group g starts.
   const DType gtype = o.stage >= 2 ? grad_acc_type : dtype;
@@ -446,39 +608,44 @@ StepStats Engine::State::boundary(double loss) {
   st.step = steps;
   st.loss = loss;
   st.grad_norm = sc.grad_norm;
-  st.lr = o.lr(steps);
+  st.lr = o.lr(applied + 1);  // the step about to be applied
   st.loss_scale = sc.loss_scale;
   st.applied = sc.apply;
 
   if (sc.apply) {
-    optim::AdamStep as{steps, st.lr, static_cast<float>(sc.grad_scale / n)};
+    ++applied;
+    optim::AdamStep as{applied, st.lr, static_cast<float>(sc.grad_scale / n)};
     optim::AdamParams hp = o.adam;
+    if (o.betas) std::tie(hp.beta1, hp.beta2) = o.betas(applied);
     for (int g = 0; g < G; ++g) {
       const size_t gi = static_cast<size_t>(g);
       for (const Partition::Piece& pc : owned_pieces(g)) {
         hp.weight_decay = model.params[static_cast<size_t>(pc.param)].weight_decay ? o.adam.weight_decay : 0.0f;
         const int64_t off = owned_off[gi] + pc.shard_offset;
-        // The working copy of these elements: stage 3 keeps only the shard; stages 0-2 the
-        // full buffer, of which this rank's range starts at owned_begin.
-        unsigned char* working = at(work[gi], (o.stage == 3 ? 0 : owned_begin[gi]) + pc.shard_offset, esize());
+        unsigned char* working = at(work[gi], work_owned_begin(g) + pc.shard_offset, esize());
         float* p = master ? reinterpret_cast<float*>(at(master, off, 4)) : reinterpret_cast<float*>(working);
         adam->step(hp, as, p, reinterpret_cast<float*>(at(m, off, 4)), reinterpret_cast<float*>(at(v, off, 4)),
                    grad_ptr(g) + static_cast<size_t>(pc.shard_offset) * size_of(gtype), gtype,
                    static_cast<size_t>(pc.count), master ? working : nullptr, dtype);
       }
-    }
-    // Stage 1/2: every rank updated its shard of the working parameters; gather them.
-    for (int g = 0; g < G && (o.stage == 1 || o.stage == 2); ++g) {
-      const Partition::Group& grp = part.group(g);
-      comm.all_gather(at(work[static_cast<size_t>(g)], owned_begin[static_cast<size_t>(g)], esize()),
-                      work[static_cast<size_t>(g)].data(), static_cast<size_t>(grp.shard_numel), dtype)
-          .wait();
+      // Every rank updated its shard of a whole group's working parameters: gather them in
+      // place, now, while AdamW goes on with the next groups; the next forward waits for it
+      // (use()).
+      if (o.stage >= 1 && whole[gi]) {
+        const Partition::Group& grp = part.group(g);
+        gathering[gi] = post([&](Event* after) {
+          return comm.all_gather(at(work[gi], owned_begin[gi], esize()), work[gi].data(),
+                                 static_cast<size_t>(grp.shard_numel), dtype, after);
+        }, nullptr);
+        if (!o.overlap_comm) wait_comm(gathering[gi]);
+      }
     }
   }
   // Fresh gradients for the next step.
   for (Tensor& t : grad_full)
     if (t) std::memset(t.data(), 0, t.bytes());
   if (grad_acc) std::memset(grad_acc.data(), 0, grad_acc.bytes());
+  if (o.stage == 3) prefetch(0);  // the next step's first groups, from the updated shards
   return st;
 }
 
@@ -486,12 +653,24 @@ StepStats Engine::step(const std::function<Batch(int micro)>& next) {
   State& s = *s_;
   const float seed = s.scaler ? static_cast<float>(s.scaler->scale()) : 1.0f;
   try {
+    s.fwd_time = s.bwd_time = s.exposed = 0;
     double loss = 0;
     for (int mb = 0; mb < s.o.gradient_accumulation_steps; ++mb) {
       const Batch batch = next(mb);
-      loss += s.micro_batch(batch, seed);
+      loss += s.micro_batch(batch, seed, mb);
     }
-    return s.boundary(loss / s.o.gradient_accumulation_steps);
+    const double t0 = State::now_seconds();
+    StepStats st = s.boundary(loss / s.o.gradient_accumulation_steps);
+    if (s.o.timers) {
+      st.time.forward = s.fwd_time;
+      st.time.backward = s.bwd_time;
+      st.time.optimizer = State::now_seconds() - t0;
+      st.time.comm_exposed = s.exposed;
+      const int64_t busy = s.comm_busy_ns.load();
+      st.time.comm_busy = static_cast<double>(busy - s.comm_busy_reported_ns) * 1e-9;
+      s.comm_busy_reported_ns = busy;
+    }
+    return st;
   } catch (...) {
     s.quiesce();  // nothing in flight may outlive the buffers the unwinding frees
     throw;
@@ -502,6 +681,9 @@ std::vector<float> Engine::parameter(int p) {
   State& s = *s_;
   const Partition::Location& loc = s.part.location(p);
   const size_t g = static_cast<size_t>(loc.group);
+  // The step-end all-gather of a whole group writes work[g] (this rank's range included, in
+  // place): let it land first.
+  s.gathering[g].wait();
   std::vector<float> out(static_cast<size_t>(loc.numel), 0.0f);
   for (const Partition::Piece& pc : s.owned_pieces(loc.group)) {
     if (pc.param != p) continue;
@@ -509,8 +691,7 @@ std::vector<float> Engine::parameter(int p) {
     if (s.master) {
       src = reinterpret_cast<const float*>(s.at(s.master, s.owned_off[g] + pc.shard_offset, 4));
     } else {
-      src = reinterpret_cast<const float*>(
-          s.at(s.work[g], (s.o.stage == 3 ? 0 : s.owned_begin[g]) + pc.shard_offset, 4));
+      src = reinterpret_cast<const float*>(s.at(s.work[g], s.work_owned_begin(loc.group) + pc.shard_offset, 4));
     }
     std::memcpy(out.data() + pc.param_offset, src, static_cast<size_t>(pc.count) * 4);
   }
@@ -528,7 +709,10 @@ Engine::ModelStateBytes Engine::expected_model_state() const {
   const size_t e = size_of(s.dtype);
   const size_t owned = s.o.stage == 0 ? psi : shard;
   ModelStateBytes b;
-  b.parameters = e * (s.o.stage == 3 ? shard : psi);
+  for (int g = 0; g < s.part.group_count(); ++g) {
+    const Partition::Group& grp = s.part.group(g);
+    b.parameters += e * static_cast<size_t>(s.whole[static_cast<size_t>(g)] ? grp.padded_numel : grp.shard_numel);
+  }
   if (s.o.stage <= 1)
     b.gradients = e * psi;
   else
@@ -536,6 +720,37 @@ Engine::ModelStateBytes Engine::expected_model_state() const {
   b.master = s.dtype == DType::f32 ? 0 : 4 * owned;
   b.optimizer = 8 * owned;
   return b;
+}
+
+// The pools hold, per size class s (groups of padded size s, `count` of them), as many buffers
+// as were ever in use at once:
+//   gradients (stage 2/3): the groups being added to (at most two: the Unit's own and the tied
+//     embedding's, held from the head's backward to the embedding's) plus those in reduction
+//     (total at most max(reduce_bucket_size, s) elements, so at most max(1, bucket / s) of s);
+//   parameters (stage 3): at most max_live_parameters elements gathered ahead, plus the current
+//     Unit's groups (gathered even past the bound).
+size_t Engine::transient_bound() const {
+  const State& s = *s_;
+  std::map<int64_t, int64_t> count;
+  int64_t unit_max = 0;
+  for (int g = 0; g < s.part.group_count(); ++g) ++count[s.part.group(g).padded_numel];
+  for (int u = 0; u < static_cast<int>(s.model.units.size()); ++u) {
+    int64_t n = 0;
+    for (int g : s.part.unit_groups(u)) n += s.part.group(g).padded_numel;
+    unit_max = std::max(unit_max, n);
+  }
+  size_t bytes = 0;
+  for (const auto& [size, n] : count) {
+    if (s.o.stage >= 2) {
+      const int64_t in_use = 2 + std::max<int64_t>(1, s.o.reduce_bucket_size / size);
+      bytes += static_cast<size_t>(size * std::min(n, in_use)) * s.esize();
+    }
+    if (s.o.stage == 3) {
+      const int64_t in_use = (std::min(s.o.max_live_parameters, int64_t{1} << 50) + unit_max) / size;
+      bytes += static_cast<size_t>(size * std::min(n, in_use)) * s.esize();
+    }
+  }
+  return bytes;
 }
 
 std::string Engine::memory_report() const {

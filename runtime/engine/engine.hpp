@@ -19,22 +19,37 @@
 // Units' gradients are summed (the collectives' fp32 rank-order sum), and 1 / (ranks x steps),
 // the clip coefficient and the loss scale are folded into Adam's gradient scale.
 //
-// Overlap: at stage 2/3 each group's reduce-scatter runs on the communicator's stream while
-// backward goes on (at most kMaxReducesInFlight in flight); at stage 3 the next Unit's groups
-// are all-gathered (prefetched) while the current Unit computes. The host runs at most one Unit
-// ahead of the compute stream.
+// Communication (DeepSpeed's zero_optimization knobs, in elements; see docs/engine.md):
+//   stage 0/1  each group's all-reduce / reduce-scatter starts, in place, as soon as its Unit's
+//              backward of the last micro-batch is done (overlap_comm), else at the boundary.
+//   stage 2/3  each group's reduce-scatter starts after its Unit's backward of every micro-batch;
+//              the full gradient buffers waiting for or in reduction hold at most
+//              reduce_bucket_size elements (at least one group).
+//   stage 1/2  each group's all-gather of the updated parameters starts right after AdamW wrote
+//              its shard and is waited for only before the next forward reads the group.
+//   stage 3    groups are all-gathered before use in the recorded order (the Units' forward,
+//              then backward, per micro-batch), prefetched ahead up to prefetch_bucket_size
+//              elements while at most max_live_parameters elements are gathered; a group is
+//              released after use unless the next Unit in the order uses it (the head's
+//              parameters between forward and backward) or it is persistent (groups of at most
+//              param_persistence_threshold elements are kept whole, like stage 2, and gathered
+//              once per step after AdamW). The first groups of the next step are prefetched at
+//              the end of the optimizer step.
+// overlap_comm = false waits for every collective when it is issued.
 //
-// What is not there yet (issue 6 continues): stage 0/1 reductions bucketed during backward,
-// the step-end all-gather overlapped with the next forward, reduce_bucket_size /
-// stage3_prefetch_bucket_size / stage3_max_live_parameters / persistence thresholds (the unit of
-// communication is one Unit's group), and the cuda backend's optimizer step (the engine runs on
-// the cpu backend; a cuda device is refused).
+// The host runs at most one Unit ahead of the compute stream. With EngineOptions::timers the
+// step reports per-phase times, the communication stream's busy time and the exposed part of it
+// (time the host waited on a collective with the compute stream idle).
+//
+// What is not there yet: the cuda backend's optimizer step (the engine runs on the cpu backend;
+// a cuda device is refused).
 //
 // Threading: one thread drives an Engine. The compute stream and the communicator's stream are
 // ordered by events at every hand-off (see engine.cpp).
 #pragma once
 
 #include <functional>
+#include <utility>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,9 +70,23 @@ struct EngineOptions {
   optim::AdamParams adam;                       // weight_decay applies to ParamSpec::weight_decay
   float gradient_clipping = 0.0f;               // max global norm; 0 = off
   std::optional<optim::LossScalerOptions> loss_scaler;  // fp16: dynamic or static scaling
-  std::function<float(int64_t step)> lr = [](int64_t) { return 1e-3f; };  // step is 1-based
+  // The learning rate of the t-th applied optimizer step (t = 1, 2, ...; a skipped fp16
+  // overflow step does not count, as in DeepSpeed, nor does it advance Adam's t).
+  std::function<float(int64_t t)> lr = [](int64_t) { return 1e-3f; };
+  // Adam's (beta1, beta2) for applied step t, when a schedule moves them (OneCycle's
+  // cycle_momentum); empty: adam.beta1 / adam.beta2.
+  std::function<std::pair<float, float>(int64_t t)> betas;
   uint64_t seed = 0;                            // parameter initialisation (init_param_values)
   std::optional<long long> number_checkpoints;  // activation checkpointing (checkpoint_plan)
+
+  // Communication (zero_optimization keys; elements). Defaults are DeepSpeed's except the
+  // persistence threshold, which the config mapping sets (DeepSpeed: 100000).
+  bool overlap_comm = true;                      // false: wait for each collective at once
+  int64_t reduce_bucket_size = 500'000'000;      // stage 2/3: full gradients in reduction
+  int64_t prefetch_bucket_size = 50'000'000;     // stage 3: elements gathered ahead; 0 = none
+  int64_t max_live_parameters = 1'000'000'000;   // stage 3: bound on gathered elements
+  int64_t param_persistence_threshold = 0;       // stage 3: groups this small stay gathered
+  bool timers = false;                           // StepStats::time (wall_clock_breakdown)
 };
 
 struct StepStats {
@@ -67,6 +96,14 @@ struct StepStats {
   float lr = 0;
   double loss_scale = 1;
   bool applied = true;      // false: fp16 overflow, step skipped
+  // Seconds, filled with EngineOptions::timers. forward/backward/optimizer: the host's time in
+  // each phase (waits included). comm_busy: the communicator's stream running this engine's
+  // collectives since the previous step's report; comm_exposed: the host waiting on a
+  // collective while the compute stream was idle. hidden() = 1 - exposed / busy.
+  struct Times {
+    double forward = 0, backward = 0, optimizer = 0, comm_busy = 0, comm_exposed = 0;
+    double hidden() const noexcept { return comm_busy > 0 ? 1.0 - comm_exposed / comm_busy : 1.0; }
+  } time;
 };
 
 class Engine {
@@ -100,15 +137,20 @@ class Engine {
   //               parameters are the master copy)
   //   optimizer   8 Psi_p (stage 0) or 8 Psi_p / N   (Adam m and v)
   // With bf16/fp16 and one micro-batch that is 16 Psi, 4 Psi + 12 Psi/N, 2 Psi + 14 Psi/N and
-  // 16 Psi / N: the paper's K = 12. During a step, on top of this: activations, and at stage 2/3
-  // full gradient buffers (the tied embedding's group, the Unit being computed and up to
-  // kMaxReducesInFlight groups being reduced), at stage 3 the gathered parameters of the current
-  // and the prefetched Unit.
+  // 16 Psi / N: the paper's K = 12. At stage 3 a persistent group (param_persistence_threshold)
+  // counts e Psi_g whole instead of its shard. During a step, on top of this: activations, and
+  // at stage 2/3 full gradient buffers (the tied embedding's group, the Unit being computed and
+  // the groups in reduction, at most reduce_bucket_size elements or one group), at stage 3 the
+  // gathered parameters (at most max_live_parameters elements plus the current Unit's groups):
+  // transient_bound() bounds them.
   struct ModelStateBytes {
     size_t parameters = 0, gradients = 0, master = 0, optimizer = 0;
     size_t total() const noexcept { return parameters + gradients + master + optimizer; }
   };
   ModelStateBytes expected_model_state() const;
+  // The most bytes the pooled transient buffers (ledger: comm_buffers) can reach, from the
+  // partition and the communication options above.
+  size_t transient_bound() const;
   // Rank 0's start-up report: the formula line and the device's ledger table.
   std::string memory_report() const;
 

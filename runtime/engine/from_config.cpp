@@ -1,0 +1,56 @@
+#include "runtime/engine/from_config.hpp"
+
+#include <memory>
+
+#include "runtime/config/to_optim.hpp"
+
+namespace zero {
+
+EngineOptions engine_options(const config::Config& c) {
+  EngineOptions o;
+  o.stage = c.zero.stage;
+  o.gradient_accumulation_steps = static_cast<int>(c.batch.gradient_accumulation_steps);
+  switch (c.precision()) {
+    case config::Precision::fp16: o.param_type = ScalarType::f16; break;
+    case config::Precision::bf16: o.param_type = ScalarType::bf16; break;
+    case config::Precision::fp32: o.param_type = ScalarType::f32; break;
+  }
+  if (c.fp16.enabled) o.loss_scaler = config::to_loss_scaler_options(c.fp16, c.bf16);
+
+  const config::AdamParams& a = c.optimizer.params;
+  o.adam.beta1 = static_cast<float>(a.betas[0]);
+  o.adam.beta2 = static_cast<float>(a.betas[1]);
+  o.adam.eps = static_cast<float>(a.eps);
+  o.adam.weight_decay = static_cast<float>(a.weight_decay);
+  o.adam.adam_w_mode = c.optimizer.type == config::OptimizerType::AdamW || a.adam_w_mode;
+  o.adam.bias_correction = a.bias_correction;
+
+  // DeepSpeed's scheduler: the t-th applied step runs at iteration last_batch_iteration + t
+  // (optim::LrCursor's convention: it starts at last_batch_iteration and steps after each
+  // applied step). The lambda shares ownership of the schedule.
+  const optim::ScheduleSpec spec = config::to_schedule_spec(c.scheduler);
+  std::shared_ptr<const optim::LrSchedule> sched = optim::make_lr_schedule(spec, a.lr);
+  const int64_t start = spec.last_batch_iteration;
+  o.lr = [sched, start](int64_t t) { return static_cast<float>(sched->lr(start + t - 1)); };
+  if (sched->beta1(start) || sched->beta2(start)) {  // OneCycle with cycle_momentum
+    const float b1 = o.adam.beta1, b2 = o.adam.beta2;
+    o.betas = [sched, start, b1, b2](int64_t t) {
+      return std::pair<float, float>{static_cast<float>(sched->beta1(start + t - 1).value_or(b1)),
+                                     static_cast<float>(sched->beta2(start + t - 1).value_or(b2))};
+    };
+  }
+
+  o.gradient_clipping = static_cast<float>(c.gradient_clipping);
+  o.seed = static_cast<uint64_t>(c.seed);
+  o.number_checkpoints = c.activation_checkpointing.number_checkpoints;
+
+  o.overlap_comm = c.zero.overlap_comm;
+  o.reduce_bucket_size = c.zero.reduce_bucket_size;
+  o.prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
+  o.max_live_parameters = c.zero.stage3_max_live_parameters;
+  o.param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
+  o.timers = c.wall_clock_breakdown;
+  return o;
+}
+
+}  // namespace zero

@@ -1,0 +1,37 @@
+// The engine's options from a DeepSpeed config (runtime/config/config.hpp): the one place that
+// says which ds_config.json key drives which EngineOptions field.
+//
+//   zero_optimization.stage                         stage
+//   gradient_accumulation_steps                     gradient_accumulation_steps
+//   fp16.enabled / bf16.enabled                     param_type (fp16 / bf16, else fp32)
+//   fp16.*                                          loss_scaler (fp16 only)
+//   optimizer.params                                adam (betas, eps, weight_decay, adam_w_mode,
+//                                                   bias_correction) and the base lr
+//   scheduler                                       lr (and OneCycle's betas): the schedule at
+//                                                   DeepSpeed's iteration last_batch_iteration
+//                                                   + t - 1 for applied step t
+//   gradient_clipping                               gradient_clipping
+//   seed (zero_train's)                             seed
+//   activation_checkpointing.number_checkpoints     number_checkpoints
+//   zero_optimization.overlap_comm                  overlap_comm (DeepSpeed's default: stage 3)
+//   zero_optimization.reduce_bucket_size            reduce_bucket_size
+//   zero_optimization.stage3_prefetch_bucket_size   prefetch_bucket_size
+//   zero_optimization.stage3_max_live_parameters    max_live_parameters
+//   zero_optimization.stage3_param_persistence_threshold   param_persistence_threshold
+//   wall_clock_breakdown                            timers
+//
+// Keys the engine reads no field for, and why (docs/engine.md): allgather_bucket_size (the
+// step-end all-gather is in place, one per group: it needs no bucket buffer), contiguous_gradients
+// (always: gradients live in flat per-group buffers), stage3_max_reuse_distance (a group is kept
+// when the next Unit uses it), stage3_model_persistence_threshold, sub_group_size.
+#pragma once
+
+#include "runtime/config/config.hpp"
+#include "runtime/engine/engine.hpp"
+
+namespace zero {
+
+// Throws zero::Error when the scheduler's parameters make no sense (optim::make_lr_schedule).
+EngineOptions engine_options(const config::Config& c);
+
+}  // namespace zero

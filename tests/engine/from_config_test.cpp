@@ -1,0 +1,112 @@
+// ds_config.json -> EngineOptions (runtime/engine/from_config.hpp): every mapped key lands in its
+// field, DeepSpeed's defaults come through, and the schedule is read at DeepSpeed's iteration.
+#include <catch2/catch_approx.hpp>
+#include <catch2/catch_test_macros.hpp>
+
+#include "runtime/config/to_optim.hpp"
+#include "runtime/engine/from_config.hpp"
+
+using namespace zero;
+
+namespace {
+
+config::Config parse(const std::string& text, int world = 1) {
+  config::Environment env;
+  env.world_size = world;
+  config::LoadResult r = config::parse_config(text, "test.json", env);
+  std::string all;
+  for (const config::Diagnostic& d : r.diagnostics) all += config::format_diagnostic(d, "test.json") + "\n";
+  INFO(all);
+  REQUIRE(r.ok());
+  return r.config;
+}
+
+}  // namespace
+
+TEST_CASE("engine options: a stage-3 bf16 config with every communication knob") {
+  const config::Config c = parse(R"({
+    "train_batch_size": 24, "train_micro_batch_size_per_gpu": 2,
+    "bf16": {"enabled": true},
+    "gradient_clipping": 0.5,
+    "wall_clock_breakdown": true,
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.8, 0.95], "eps": 1e-6,
+                                              "weight_decay": 0.1}},
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": 1000, "stage3_prefetch_bucket_size": 2000,
+                          "stage3_max_live_parameters": 3000, "stage3_param_persistence_threshold": 40},
+    "activation_checkpointing": {"number_checkpoints": 2},
+    "seed": 99
+  })", 4);
+  const EngineOptions o = engine_options(c);
+  CHECK(o.stage == 3);
+  CHECK(o.gradient_accumulation_steps == 3);  // 24 = 2 x 3 x 4 ranks
+  CHECK(o.param_type == ScalarType::bf16);
+  CHECK_FALSE(o.loss_scaler.has_value());
+  CHECK(o.gradient_clipping == 0.5f);
+  CHECK(o.timers);
+  CHECK(o.adam.beta1 == 0.8f);
+  CHECK(o.adam.beta2 == 0.95f);
+  CHECK(o.adam.eps == 1e-6f);
+  CHECK(o.adam.weight_decay == 0.1f);
+  CHECK(o.adam.adam_w_mode);
+  CHECK(o.lr(1) == Catch::Approx(3e-4));  // no scheduler: the optimizer's lr
+  CHECK(o.lr(1000) == Catch::Approx(3e-4));
+  CHECK_FALSE(o.betas);
+  CHECK(o.overlap_comm);  // DeepSpeed: absent means true at stage 3
+  CHECK(o.reduce_bucket_size == 1000);
+  CHECK(o.prefetch_bucket_size == 2000);
+  CHECK(o.max_live_parameters == 3000);
+  CHECK(o.param_persistence_threshold == 40);
+  CHECK(o.number_checkpoints == 2);
+  CHECK(o.seed == 99);
+}
+
+TEST_CASE("engine options: DeepSpeed's defaults, fp16 loss scaling, overlap off below stage 3") {
+  const config::Config c = parse(R"({"train_micro_batch_size_per_gpu": 1,
+    "fp16": {"enabled": true, "initial_scale_power": 12},
+    "zero_optimization": {"stage": 2}})");
+  const EngineOptions o = engine_options(c);
+  CHECK(o.stage == 2);
+  CHECK(o.param_type == ScalarType::f16);
+  REQUIRE(o.loss_scaler.has_value());
+  CHECK(o.loss_scaler->enabled);
+  CHECK(o.loss_scaler->initial_scale_power == 12);
+  CHECK_FALSE(o.overlap_comm);  // DeepSpeed: absent means false below stage 3
+  CHECK(o.reduce_bucket_size == 500'000'000);
+  CHECK(o.prefetch_bucket_size == 50'000'000);
+  CHECK(o.max_live_parameters == 1'000'000'000);
+  CHECK(o.param_persistence_threshold == 100'000);
+  CHECK(o.gradient_clipping == 1.0f);
+  CHECK_FALSE(o.timers);
+}
+
+TEST_CASE("engine options: WarmupLR runs at DeepSpeed's iteration, OneCycle moves beta1") {
+  const config::Config warm = parse(R"({"train_micro_batch_size_per_gpu": 1,
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01,
+                                                 "warmup_num_steps": 10, "warmup_type": "linear"}}})");
+  const EngineOptions w = engine_options(warm);
+  // DeepSpeed: the first applied step runs with what the scheduler's constructor set
+  // (iteration -1: warmup_min_lr), step t at iteration t - 2, the max from step 12 on.
+  CHECK(w.lr(1) == Catch::Approx(0.0).margin(1e-9));
+  CHECK(w.lr(6) == Catch::Approx(0.004));
+  CHECK(w.lr(11) == Catch::Approx(0.009));
+  CHECK(w.lr(12) == Catch::Approx(0.01));
+  CHECK(w.lr(500) == Catch::Approx(0.01));
+
+  const config::Config cyc = parse(R"({"train_micro_batch_size_per_gpu": 1,
+    "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.001, "cycle_max_lr": 0.01,
+                  "cycle_first_step_size": 10, "cycle_min_mom": 0.85, "cycle_max_mom": 0.95}}})");
+  const EngineOptions c = engine_options(cyc);
+  REQUIRE(c.betas);
+  // Applied step t reads the schedule at DeepSpeed's iteration t - 2 (optim/lr_schedule.hpp
+  // pins the formulas to DeepSpeed's; here: that the mapping reads them at the right place).
+  const auto sched = optim::make_lr_schedule(config::to_schedule_spec(cyc.scheduler), 1e-3);
+  for (int64_t t = 1; t <= 40; ++t) {
+    CHECK(c.lr(t) == static_cast<float>(sched->lr(t - 2)));
+    CHECK(c.betas(t).first == static_cast<float>(*sched->beta1(t - 2)));
+    CHECK(c.betas(t).second == Catch::Approx(0.99));
+  }
+  // Momentum cycles inversely to the LR: lowest at the LR peak.
+  CHECK(c.lr(11) == Catch::Approx(0.01));
+  CHECK(c.betas(11).first == Catch::Approx(0.85));
+  CHECK(c.betas(2).first > 0.9f);
+}
