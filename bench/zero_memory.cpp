@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
                   {"master_weights_bytes", cur(MemCategory::master_weights)},
                   {"optimizer_states_bytes", cur(MemCategory::optimizer_states)},
                   {"step_peak_comm_buffers_bytes", peak(MemCategory::comm_buffers)},
+                  {"comm_buffers_bound_bytes", static_cast<double>(engine.transient_bound())},
                   {"step_peak_activations_bytes", peak(MemCategory::activations)}};
       r.metric = "bytes";
       r.unit = "bytes";

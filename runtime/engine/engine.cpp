@@ -386,7 +386,7 @@ void Engine::State::use(int unit) {
 
 // Stage 3: gathers ahead the groups of the Units at trace[from], trace[from + 1], ... : the
 // window of groups ahead (present or not, whole groups aside) holds at most prefetch_bucket_size
-// elements, and never more than max_live_parameters are gathered at once. Stops at the first Unit
+// elements or the next Unit's, and never more than max_live_parameters are gathered at once. Stops at the first Unit
 // that does not fit, so what is gathered ahead is always a prefix of what comes next.
 void Engine::State::prefetch(size_t from) {
   if (o.prefetch_bucket_size <= 0) return;
@@ -400,7 +400,9 @@ void Engine::State::prefetch(size_t from) {
       size += part.group(g).padded_numel;
       if (!gathered[gi]) need += part.group(g).padded_numel;
     }
-    if (size > budget || live_elems + need > o.max_live_parameters) return;
+    // The next Unit is gathered ahead even when it alone is larger than the bucket: DeepSpeed
+    // would prefetch part of it, our unit of gathering is the whole group.
+    if ((size > budget && q != from) || live_elems + need > o.max_live_parameters) return;
     budget -= size;
     for (int g : part.unit_groups(trace[q])) {
       counted[static_cast<size_t>(g)] = true;

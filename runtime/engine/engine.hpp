@@ -29,7 +29,8 @@
 //              its shard and is waited for only before the next forward reads the group.
 //   stage 3    groups are all-gathered before use in the recorded order (the Units' forward,
 //              then backward, per micro-batch), prefetched ahead up to prefetch_bucket_size
-//              elements while at most max_live_parameters elements are gathered; a group is
+//              elements (at least the next Unit) while at most max_live_parameters elements
+//              are gathered; a group is
 //              released after use unless the next Unit in the order uses it (the head's
 //              parameters between forward and backward) or it is persistent (groups of at most
 //              param_persistence_threshold elements are kept whole, like stage 2, and gathered
