@@ -82,7 +82,8 @@ class Device {
   // A zero-byte request gives an empty-but-valid Buffer with data() == nullptr.
   Buffer allocate(size_t bytes, MemCategory category);
   // Host memory for this device, page-aligned. `pinned`: page-locked for fast asynchronous
-  // copies (cuda: cudaHostAlloc; cpu: ordinary memory, there is no DMA to wait for).
+  // copies (cuda: cudaHostAlloc; cpu: an mlock(2)ed mapping: no DMA to wait for, but a
+  // locked-memory limit refuses it as on a GPU host). A refused pin throws OutOfMemory.
   Buffer allocate_host(size_t bytes, MemCategory category, bool pinned = true);
 
   virtual std::unique_ptr<Stream> create_stream(std::string name) = 0;

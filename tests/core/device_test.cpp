@@ -71,7 +71,7 @@ TEST_CASE("device: an allocation past the cpu limit fails with the ledger table"
   zero::Buffer rest = dev->allocate((1 << 20) - (600 << 10), MemCategory::gradients);
   CHECK(dev->ledger().current(MemSpace::device) == 1u << 20);
   // Host memory has its own (here unlimited) capacity.
-  zero::Buffer host = dev->allocate_host(4 << 20, MemCategory::optimizer_states);
+  zero::Buffer host = dev->allocate_host(4 << 20, MemCategory::optimizer_states, false);
   CHECK(host.bytes() == 4u << 20);
 }
 
@@ -89,7 +89,7 @@ TEST_CASE("device: stream-ordered copy and fill on the cpu device") {
   auto dev = zero::make_device(zero::DeviceKind::cpu);
   auto stream = dev->create_stream("copy");
   const size_t n = 1 << 16;
-  zero::Buffer src = dev->allocate_host(n * 4, MemCategory::other);
+  zero::Buffer src = dev->allocate_host(n * 4, MemCategory::other, false);
   zero::Buffer dst = dev->allocate(n * 4, MemCategory::other);
   for (size_t i = 0; i < n; ++i) src.as<uint32_t>()[i] = static_cast<uint32_t>(i * 2654435761u);
   dev->fill_async(dst.data(), 0, dst.bytes(), *stream);
