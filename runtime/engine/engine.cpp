@@ -48,7 +48,26 @@ struct Engine::State {
   std::vector<int64_t> owned_begin;  // per group: first owned element within the group
   std::vector<int64_t> owned_off;    // per group: offset within the concatenation
   int64_t owned_total = 0;
-  Tensor master, m, v;
+  Tensor master, m, v;  // on the device (without offload_optimizer)
+  // Where AdamW's fp32 state is: the tensors above, or host memory with offload. P_master is
+  // null when the fp32 working parameters are their own master copy (fp32, no offload).
+  float *P_master = nullptr, *P_m = nullptr, *P_v = nullptr;
+
+  // Offload (EngineOptions::offload_optimizer / offload_param). host outlives the HostBuffers
+  // below (declared after it, destroyed before it).
+  bool off = false, off_param = false;
+  std::unique_ptr<offload::HostMemory> host;
+  std::unique_ptr<offload::CopyEngine> copies;
+  // The host optimizer's tasks, in order, on a thread of their own (a cpu executor on either
+  // backend): accumulating a landed gradient shard, its squared norm, AdamW on a group.
+  std::unique_ptr<Stream> worker;
+  std::vector<std::unique_ptr<Event>> adam_done;  // per group, recorded on `worker`
+  offload::HostBuffer h_land;   // owned_total x e: this micro-batch's reduced shard, landed
+  offload::HostBuffer h_acc;    // owned_total fp32: accumulator (stage 2/3, accumulation)
+  offload::HostBuffer h_out;    // owned_total x e: AdamW's updated working copy, going up
+  offload::HostBuffer h_master, h_m, h_v;  // owned_total fp32
+  std::vector<offload::HostBuffer> h_shard;  // offload_param: partitioned groups' shards
+  std::vector<double> partial;  // per group: local squared norm of the final gradient shard
 
   std::vector<bool> checkpoint;
   std::unique_ptr<optim::HostAdam> adam;
@@ -143,8 +162,16 @@ struct Engine::State {
   void release_after(size_t pos);
   void release_all();
   void start_reduce_full(int g);
-  void reduce_group_stage2(int g);
+  void reduce_group_stage2(int g, bool last);
   void finish_oldest_reduce();
+  void land(int g, const void* shard, bool last);
+  void adam_group(int g, const optim::AdamStep& as, const optim::AdamParams& base);
+  const unsigned char* grad_ptr(int g);
+  DType grad_type() const { return o.stage >= 2 ? grad_acc_type : dtype; }
+  // Offload, stage 3: where partitioned group g's shard lives (host with offload_param).
+  void* shard_data(int g) {
+    return off_param ? h_shard[static_cast<size_t>(g)].data() : work[static_cast<size_t>(g)].data();
+  }
 
   // Stage 2/3 reductions in flight: the Work, and the full gradient buffer it reads, which must
   // live until the Work completes.
@@ -152,6 +179,7 @@ struct Engine::State {
     int group;
     coll::Work work;
     Tensor full;
+    bool last;  // of the step's last micro-batch: the group's gradient is final
   };
   std::vector<PendingReduce> pending;  // oldest first
   int64_t pending_elems = 0;           // bounded by reduce_bucket_size (or one group)
@@ -198,6 +226,7 @@ struct Engine::State {
     pending_elems = 0;
     try { compute.synchronize(); } catch (...) {}
     try { comm.stream().synchronize(); } catch (...) {}  // the timers' clock reads
+    if (worker) try { worker->synchronize(); } catch (...) {}
   }
   ~State() { quiesce(); }
   double micro_batch(const Batch& batch, float seed_scale, int mb);
@@ -231,20 +260,48 @@ void Engine::State::init_state() {
     owned_begin.push_back(o.stage == 0 ? 0 : static_cast<int64_t>(rank) * grp.shard_numel);
     owned_off.push_back(owned_total);
     owned_total += owned_len(g);
-    const int64_t n = whole[gi] ? grp.padded_numel : grp.shard_numel;
-    work[gi] = Tensor::zeros(dev, compute, Shape{n}, st, MemCategory::parameters);
+    if (off_param && !whole[gi]) {  // the shard lives on the host
+      h_shard.push_back(host->allocate(static_cast<size_t>(grp.shard_numel) * esize(), MemCategory::parameters));
+    } else {
+      h_shard.emplace_back();
+      const int64_t n = whole[gi] ? grp.padded_numel : grp.shard_numel;
+      work[gi] = Tensor::zeros(dev, compute, Shape{n}, st, MemCategory::parameters);
+    }
     if (o.stage <= 1)
       grad_full[gi] = Tensor::zeros(dev, compute, Shape{grp.padded_numel}, st, MemCategory::gradients);
   }
-  if (o.stage >= 2) {
-    grad_acc_type = o.gradient_accumulation_steps > 1 ? DType::f32 : dtype;
-    grad_acc = Tensor::zeros(dev, compute, Shape{owned_total}, scalar_type(grad_acc_type),
-                             MemCategory::gradients);
+  if (o.stage >= 2) grad_acc_type = o.gradient_accumulation_steps > 1 ? DType::f32 : dtype;
+  const size_t owned = static_cast<size_t>(owned_total);
+  if (off) {
+    // Host memory is not zeroed: the accumulator and the moments must be.
+    h_land = host->allocate(owned * esize(), MemCategory::gradients);
+    if (o.stage >= 2 && grad_acc_type == DType::f32) {
+      h_acc = host->allocate(owned * 4, MemCategory::gradients);
+      std::memset(h_acc.data(), 0, h_acc.bytes());
+    }
+    h_out = host->allocate(owned * esize(), MemCategory::parameters);
+    h_master = host->allocate(owned * 4, MemCategory::master_weights);
+    h_m = host->allocate(owned * 4, MemCategory::optimizer_states);
+    h_v = host->allocate(owned * 4, MemCategory::optimizer_states);
+    std::memset(h_m.data(), 0, h_m.bytes());
+    std::memset(h_v.data(), 0, h_v.bytes());
+    P_master = h_master.as<float>();
+    P_m = h_m.as<float>();
+    P_v = h_v.as<float>();
+    partial.assign(Gs, 0.0);
+    for (int g = 0; g < G; ++g) adam_done.push_back(make_cpu_event());
+  } else {
+    if (o.stage >= 2)
+      grad_acc = Tensor::zeros(dev, compute, Shape{owned_total}, scalar_type(grad_acc_type),
+                               MemCategory::gradients);
+    if (dtype != DType::f32)
+      master = Tensor::zeros(dev, compute, Shape{owned_total}, ScalarType::f32, MemCategory::master_weights);
+    m = Tensor::zeros(dev, compute, Shape{owned_total}, ScalarType::f32, MemCategory::optimizer_states);
+    v = Tensor::zeros(dev, compute, Shape{owned_total}, ScalarType::f32, MemCategory::optimizer_states);
+    P_master = master ? master.data_as<float>() : nullptr;
+    P_m = m.data_as<float>();
+    P_v = v.data_as<float>();
   }
-  if (dtype != DType::f32)
-    master = Tensor::zeros(dev, compute, Shape{owned_total}, ScalarType::f32, MemCategory::master_weights);
-  m = Tensor::zeros(dev, compute, Shape{owned_total}, ScalarType::f32, MemCategory::optimizer_states);
-  v = Tensor::zeros(dev, compute, Shape{owned_total}, ScalarType::f32, MemCategory::optimizer_states);
   compute.synchronize();
 
   // Initial values: a pure function of (seed, name, element), so every stage and world size
@@ -264,10 +321,11 @@ void Engine::State::init_state() {
       vals.resize(static_cast<size_t>(pc.count));
       init_param_values(model.params[static_cast<size_t>(pc.param)], o.seed, pc.param_offset,
                         pc.count, vals.data());
-      if (!whole[gi]) store(at(work[gi], pc.shard_offset, esize()), dtype, vals.data(), pc.count);
-      if (master)
-        std::memcpy(at(master, owned_off[gi] + pc.shard_offset, 4), vals.data(),
-                    static_cast<size_t>(pc.count) * 4);
+      if (!whole[gi])
+        store(static_cast<unsigned char*>(shard_data(g)) + static_cast<size_t>(pc.shard_offset) * esize(),
+              dtype, vals.data(), pc.count);
+      if (P_master)
+        std::memcpy(P_master + owned_off[gi] + pc.shard_offset, vals.data(), static_cast<size_t>(pc.count) * 4);
     }
   }
 
@@ -310,9 +368,28 @@ Engine::Engine(Model& model, Device& device, Stream& compute, coll::Communicator
                  "engine: parameter " + p.name + " is " + std::string(to_string(p.type)) +
                      " but the engine trains " + std::string(to_string(s.o.param_type)) +
                      " parameters: build the model with that parameter type");
+  ZERO_REQUIRE(!s.o.offload_optimizer || s.o.stage >= 1,
+               "engine: zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3 (stage 0 "
+               "keeps the whole optimizer state on every rank): set zero_optimization.stage");
+  ZERO_REQUIRE(!s.o.offload_param || s.o.stage == 3,
+               "engine: zero_optimization.offload_param needs ZeRO stage 3 (only stage 3 "
+               "partitions the parameters): set zero_optimization.stage to 3");
+  ZERO_REQUIRE(!s.o.offload_param || s.o.offload_optimizer,
+               "engine: zero_optimization.offload_param needs offload_optimizer too (the host "
+               "optimizer writes the offloaded parameter shards): add offload_optimizer "
+               "{\"device\": \"cpu\"}");
+  s.off = s.o.offload_optimizer;
+  s.off_param = s.o.offload_param;
+  if (s.off) {
+    offload::HostMemoryOptions hm;
+    hm.pin = s.o.pin;
+    s.host = std::make_unique<offload::HostMemory>(device, hm);
+    s.copies = std::make_unique<offload::CopyEngine>(device, *s.host);
+    s.worker = make_cpu_stream("host-optimizer");
+  }
   s.compute_done = device.create_event();
   s.checkpoint = checkpoint_plan(model, s.o.number_checkpoints);
-  s.adam = std::make_unique<optim::HostAdam>();
+  s.adam = std::make_unique<optim::HostAdam>(s.o.host_threads);
   if (s.o.loss_scaler) s.scaler = std::make_unique<optim::LossScaler>(*s.o.loss_scaler);
   s.init_state();
 }
@@ -360,9 +437,16 @@ void Engine::State::gather_group(int g) {
   live_elems += grp.padded_numel;
   // The shard (work[g]) changes only in the optimizer step, which waits for nothing of this
   // step to be in flight: nothing to wait for.
+  const void* send = work[gi].data();
+  if (off_param) {
+    // The shard comes up from the host into its own place in the full buffer, and is gathered
+    // in place from there. The host waits for the copy: on cuda a DMA of 1/N of the group.
+    unsigned char* mine = at(gathered[gi], owned_begin[gi], esize());
+    copies->to_device(mine, h_shard[gi], 0, static_cast<size_t>(grp.shard_numel) * esize()).wait();
+    send = mine;
+  }
   gathering[gi] = post([&](Event* after) {
-    return comm.all_gather(work[gi].data(), gathered[gi].data(), static_cast<size_t>(grp.shard_numel),
-                           dtype, after);
+    return comm.all_gather(send, gathered[gi].data(), static_cast<size_t>(grp.shard_numel), dtype, after);
   }, nullptr);
   if (!o.overlap_comm) wait_comm(gathering[gi]);
 }
@@ -467,7 +551,7 @@ void Engine::State::start_reduce_full(int g) {
 // the buffer receives the sum) and return: it runs on the communicator's stream while backward
 // goes on. finish_oldest_reduce() takes the result. The full buffers in reduction hold at most
 // reduce_bucket_size elements, or one group if it is larger.
-void Engine::State::reduce_group_stage2(int g) {
+void Engine::State::reduce_group_stage2(int g, bool last) {
   Tensor& full = grad_tmp[static_cast<size_t>(g)];
   if (!full) return;  // no Unit added to it (a group of no parameters)
   const Partition::Group& grp = part.group(g);
@@ -477,7 +561,7 @@ void Engine::State::reduce_group_stage2(int g) {
     return comm.reduce_scatter(full.data(), shard, static_cast<size_t>(grp.shard_numel), dtype,
                                coll::ReduceOp::sum, after);
   }, compute_point());
-  pending.push_back({g, std::move(w), std::move(full)});
+  pending.push_back({g, std::move(w), std::move(full), last});
   pending_elems += grp.padded_numel;
   full = Tensor();
   if (!o.overlap_comm) finish_oldest_reduce();
@@ -498,13 +582,76 @@ void Engine::State::finish_oldest_reduce() {
   const size_t g = static_cast<size_t>(r.group);
   const unsigned char* shard = at(r.full, owned_begin[g], esize());
   const size_t n = static_cast<size_t>(part.group(r.group).shard_numel);
-  if (o.gradient_accumulation_steps == 1) {  // keep the reduced shard as it is
+  if (off) {
+    land(r.group, shard, r.last);
+  } else if (o.gradient_accumulation_steps == 1) {  // keep the reduced shard as it is
     std::memcpy(at(grad_acc, owned_off[g], esize()), shard, n * esize());
   } else {
     float* acc = static_cast<float*>(grad_acc.data()) + owned_off[g];
     std::vector<float> widened(n);
     convert(shard, dtype, widened.data(), DType::f32, n);
     for (size_t i = 0; i < n; ++i) acc[i] += widened[i];
+  }
+}
+
+// Offload: group g's reduced gradient shard of this micro-batch is complete at device pointer
+// `shard`. It comes down (16-bit, e bytes per element: the host waits for the copy, after which
+// the device buffer may be reused), and the host optimizer thread adds it to the fp32
+// accumulator (stage 2/3 with accumulation) and, once it is final, takes its squared norm.
+// Same arithmetic, same order as the device path: the results are bitwise the same.
+void Engine::State::land(int g, const void* shard, bool last) {
+  const size_t gi = static_cast<size_t>(g);
+  const size_t n = static_cast<size_t>(part.group(g).shard_numel);
+  // The landing area of g is free once the host thread has used the previous micro-batch's.
+  worker->synchronize();
+  copies->to_host(h_land, static_cast<size_t>(owned_off[gi]) * esize(), shard, n * esize()).wait();
+  worker->launch_host([this, g, gi, n, last] {
+    const unsigned char* landed = static_cast<const unsigned char*>(h_land.data()) + static_cast<size_t>(owned_off[gi]) * esize();
+    if (h_acc) {
+      float* acc = h_acc.as<float>() + owned_off[gi];
+      std::vector<float> widened(n);
+      convert(landed, dtype, widened.data(), DType::f32, n);
+      for (size_t i = 0; i < n; ++i) acc[i] += widened[i];
+    }
+    if (last)
+      partial[gi] = optim::local_squared_norm(grad_ptr(g), grad_type(), static_cast<size_t>(owned_len(g)));
+  });
+}
+
+// Where this rank's reduced gradient for its owned range of group g starts.
+const unsigned char* Engine::State::grad_ptr(int g) {
+  const size_t gi = static_cast<size_t>(g);
+  if (off) {
+    if (h_acc) return static_cast<const unsigned char*>(h_acc.data()) + static_cast<size_t>(owned_off[gi]) * 4;
+    return static_cast<const unsigned char*>(h_land.data()) + static_cast<size_t>(owned_off[gi]) * esize();
+  }
+  if (o.stage >= 2) return at(grad_acc, owned_off[gi], size_of(grad_acc_type));
+  return at(grad_full[gi], owned_begin[gi], esize());
+}
+
+// AdamW on this rank's owned range of group g, writing the fp32 master (or the fp32 working
+// parameters) and the working copy: in place on the device, or with offload into h_out (the
+// host shard itself for an offloaded parameter shard).
+void Engine::State::adam_group(int g, const optim::AdamStep& as, const optim::AdamParams& base) {
+  const size_t gi = static_cast<size_t>(g);
+  optim::AdamParams hp = base;
+  for (const Partition::Piece& pc : owned_pieces(g)) {
+    hp.weight_decay = model.params[static_cast<size_t>(pc.param)].weight_decay ? base.weight_decay : 0.0f;
+    const int64_t off_e = owned_off[gi] + pc.shard_offset;
+    unsigned char* working;
+    if (!off)
+      working = at(work[gi], work_owned_begin(g) + pc.shard_offset, esize());
+    else if (off_param && !whole[gi])
+      working = static_cast<unsigned char*>(h_shard[gi].data()) + static_cast<size_t>(pc.shard_offset) * esize();
+    else
+      working = static_cast<unsigned char*>(h_out.data()) + static_cast<size_t>(off_e) * esize();
+    float* p = P_master ? P_master + off_e : reinterpret_cast<float*>(working);
+    const bool copy16 = P_master && dtype != DType::f32;
+    adam->step(hp, as, p, P_m + off_e, P_v + off_e,
+               grad_ptr(g) + static_cast<size_t>(pc.shard_offset) * size_of(grad_type()), grad_type(),
+               static_cast<size_t>(pc.count), copy16 ? working : nullptr, dtype);
+    if (P_master && dtype == DType::f32)  // offload with fp32 parameters: the copy going up
+      std::memcpy(working, p, static_cast<size_t>(pc.count) * 4);
   }
 }
 
@@ -556,7 +703,7 @@ double Engine::State::micro_batch(const Batch& batch, float seed_scale, int mb) 
     model.units[u]->backward(c);
     dprev = c.grad_input;
     c = UnitContext();
-    if (o.stage >= 2) reduce_group_stage2(static_cast<int>(u));  // group u is complete now
+    if (o.stage >= 2) reduce_group_stage2(static_cast<int>(u), last);  // group u is complete now
     if (o.stage <= 1 && last && o.overlap_comm) start_reduce_full(static_cast<int>(u));
     if (o.stage == 3) {
       if (last && u == 0) release_all(); else release_after(pos);
@@ -572,23 +719,25 @@ double Engine::State::micro_batch(const Batch& batch, float seed_scale, int mb) 
 StepStats Engine::State::boundary(double loss) {
   const int G = part.group_count();
   // Stage 0/1: the reductions started during the last backward (or, without overlap_comm, now).
+  // With offload (stage 1) each reduced shard comes down as soon as its reduction is waited for.
   for (int g = 0; g < G && o.stage <= 1; ++g) {
     coll::Work& w = reducing[static_cast<size_t>(g)];
     if (!w.event() && !o.overlap_comm) start_reduce_full(g);
     wait_comm(w);
+    if (off) land(g, at(grad_full[static_cast<size_t>(g)], owned_begin[static_cast<size_t>(g)], esize()), true);
   }
-  // Where this rank's reduced gradient for its owned range of group g starts.
-  const DType gtype = o.stage >= 2 ? grad_acc_type : dtype;
-  auto grad_ptr = [&](int g) -> unsigned char* {
-    if (o.stage >= 2) return at(grad_acc, owned_off[static_cast<size_t>(g)], size_of(grad_acc_type));
-    return at(grad_full[static_cast<size_t>(g)], owned_begin[static_cast<size_t>(g)], esize());
-  };
 
   // Global norm: each rank's owned range (stage 0: all of it, identical on every rank, so no
   // communication; otherwise the shards partition the gradient and one all-reduce sums them).
+  // Summed in group order either way (with offload the host thread took each group's part).
   double local = 0;
-  for (int g = 0; g < G; ++g)
-    local += optim::local_squared_norm(grad_ptr(g), gtype, static_cast<size_t>(owned_len(g)));
+  if (off) {
+    worker->synchronize();
+    for (int g = 0; g < G; ++g) local += partial[static_cast<size_t>(g)];
+  } else {
+    for (int g = 0; g < G; ++g)
+      local += optim::local_squared_norm(grad_ptr(g), grad_type(), static_cast<size_t>(owned_len(g)));
+  }
   optim::GlobalNorm norm;
   if (o.stage == 0) {
     norm.squared = static_cast<float>(local);
@@ -619,16 +768,26 @@ StepStats Engine::State::boundary(double loss) {
     optim::AdamStep as{applied, st.lr, static_cast<float>(sc.grad_scale / n)};
     optim::AdamParams hp = o.adam;
     if (o.betas) std::tie(hp.beta1, hp.beta2) = o.betas(applied);
+    if (off) {
+      // The host thread runs AdamW group by group; each group's updated working copy goes up as
+      // soon as its AdamW is done, then (whole groups) its all-gather starts, while the host
+      // thread works on the next groups.
+      for (int g = 0; g < G; ++g) {
+        worker->launch_host([this, g, as, hp] { adam_group(g, as, hp); });
+        worker->record(*adam_done[static_cast<size_t>(g)]);
+      }
+    }
     for (int g = 0; g < G; ++g) {
       const size_t gi = static_cast<size_t>(g);
-      for (const Partition::Piece& pc : owned_pieces(g)) {
-        hp.weight_decay = model.params[static_cast<size_t>(pc.param)].weight_decay ? o.adam.weight_decay : 0.0f;
-        const int64_t off = owned_off[gi] + pc.shard_offset;
-        unsigned char* working = at(work[gi], work_owned_begin(g) + pc.shard_offset, esize());
-        float* p = master ? reinterpret_cast<float*>(at(master, off, 4)) : reinterpret_cast<float*>(working);
-        adam->step(hp, as, p, reinterpret_cast<float*>(at(m, off, 4)), reinterpret_cast<float*>(at(v, off, 4)),
-                   grad_ptr(g) + static_cast<size_t>(pc.shard_offset) * size_of(gtype), gtype,
-                   static_cast<size_t>(pc.count), master ? working : nullptr, dtype);
+      if (!off) {
+        adam_group(g, as, hp);
+      } else {
+        adam_done[gi]->synchronize();
+        if (!(off_param && !whole[gi])) {
+          const size_t bytes = static_cast<size_t>(owned_len(g)) * esize();
+          copies->to_device(at(work[gi], work_owned_begin(g), esize()), h_out,
+                            static_cast<size_t>(owned_off[gi]) * esize(), bytes).wait();
+        }
       }
       // Every rank updated its shard of a whole group's working parameters: gather them in
       // place, now, while AdamW goes on with the next groups; the next forward waits for it
@@ -647,6 +806,7 @@ StepStats Engine::State::boundary(double loss) {
   for (Tensor& t : grad_full)
     if (t) std::memset(t.data(), 0, t.bytes());
   if (grad_acc) std::memset(grad_acc.data(), 0, grad_acc.bytes());
+  if (h_acc) std::memset(h_acc.data(), 0, h_acc.bytes());
   if (o.stage == 3) prefetch(0);  // the next step's first groups, from the updated shards
   return st;
 }
@@ -690,8 +850,8 @@ std::vector<float> Engine::parameter(int p) {
   for (const Partition::Piece& pc : s.owned_pieces(loc.group)) {
     if (pc.param != p) continue;
     const float* src;
-    if (s.master) {
-      src = reinterpret_cast<const float*>(s.at(s.master, s.owned_off[g] + pc.shard_offset, 4));
+    if (s.P_master) {
+      src = s.P_master + s.owned_off[g] + pc.shard_offset;
     } else {
       src = reinterpret_cast<const float*>(s.at(s.work[g], s.work_owned_begin(loc.group) + pc.shard_offset, 4));
     }
@@ -713,15 +873,38 @@ Engine::ModelStateBytes Engine::expected_model_state() const {
   ModelStateBytes b;
   for (int g = 0; g < s.part.group_count(); ++g) {
     const Partition::Group& grp = s.part.group(g);
-    b.parameters += e * static_cast<size_t>(s.whole[static_cast<size_t>(g)] ? grp.padded_numel : grp.shard_numel);
+    const bool whole = s.whole[static_cast<size_t>(g)];
+    if (!whole && s.off_param) continue;  // on the host
+    b.parameters += e * static_cast<size_t>(whole ? grp.padded_numel : grp.shard_numel);
   }
   if (s.o.stage <= 1)
     b.gradients = e * psi;
-  else
+  else if (!s.off)
     b.gradients = (s.o.gradient_accumulation_steps > 1 ? 4 : e) * shard;
-  b.master = s.dtype == DType::f32 ? 0 : 4 * owned;
+  if (!s.off) {
+    b.master = s.dtype == DType::f32 ? 0 : 4 * owned;
+    b.optimizer = 8 * owned;
+  }
+  return b;
+}
+
+Engine::ModelStateBytes Engine::expected_host_state() const {
+  const State& s = *s_;
+  ModelStateBytes b;
+  if (!s.off) return b;
+  const size_t owned = static_cast<size_t>(s.owned_total);
+  const size_t e = size_of(s.dtype);
+  b.parameters = e * owned;
+  for (int g = 0; g < s.part.group_count() && s.off_param; ++g)
+    if (!s.whole[static_cast<size_t>(g)]) b.parameters += e * static_cast<size_t>(s.part.group(g).shard_numel);
+  b.gradients = e * owned + (s.h_acc ? 4 * owned : 0);
+  b.master = 4 * owned;
   b.optimizer = 8 * owned;
   return b;
+}
+
+offload::CopyCounters Engine::offload_traffic() const {
+  return s_->copies ? s_->copies->counters() : offload::CopyCounters{};
 }
 
 // The pools hold, per size class s (groups of padded size s, `count` of them), as many buffers
@@ -764,14 +947,24 @@ std::string Engine::memory_report() const {
                     " rank(s), " + std::string(to_string(s.dtype)) + " parameters, " +
                     std::to_string(s.model.parameter_count()) + " parameters (" +
                     std::to_string(s.part.padded_numel_total()) + " padded)\n";
-  char line[200];
+  char line[400];
   std::snprintf(line, sizeof line,
                 "model state per rank: expected %s = %.2f bytes/parameter (params %s, grads %s, "
                 "master %s, adam %s)\n",
                 format_bytes(b.total()).c_str(), static_cast<double>(b.total()) / psi,
                 format_bytes(b.parameters).c_str(), format_bytes(b.gradients).c_str(),
                 format_bytes(b.master).c_str(), format_bytes(b.optimizer).c_str());
-  return out + line + snap.table();
+  out += line;
+  if (s.off) {
+    const ModelStateBytes h = expected_host_state();
+    std::snprintf(line, sizeof line,
+                  "offloaded to host memory: %s (params %s, grads %s, master %s, adam %s); %s\n",
+                  format_bytes(h.total()).c_str(), format_bytes(h.parameters).c_str(),
+                  format_bytes(h.gradients).c_str(), format_bytes(h.master).c_str(),
+                  format_bytes(h.optimizer).c_str(), s.host->summary().c_str());
+    out += line;
+  }
+  return out + snap.table();
 }
 
 }  // namespace zero

@@ -57,6 +57,8 @@
 #include <vector>
 
 #include "collectives/communicator.hpp"
+#include "offload/copy_engine.hpp"
+#include "offload/host_memory.hpp"
 #include "optim/adam.hpp"
 #include "optim/loss_scaler.hpp"
 #include "runtime/core/unit.hpp"
@@ -88,6 +90,17 @@ struct EngineOptions {
   int64_t max_live_parameters = 1'000'000'000;   // stage 3: bound on gathered elements
   int64_t param_persistence_threshold = 0;       // stage 3: groups this small stay gathered
   bool timers = false;                           // StepStats::time (wall_clock_breakdown)
+
+  // Offload (offload_optimizer / offload_param with device "cpu"; docs/offload.md):
+  // offload_optimizer (stages 1-3): the fp32 master, Adam's m and v and the reduced gradient
+  // shard live in host memory and AdamW runs on the host; each group's reduced shard goes down
+  // (16-bit) as its reduction completes, the updated 16-bit shard comes back up.
+  // offload_param (stage 3, with offload_optimizer): the 16-bit parameter shards live in host
+  // memory and are copied up ahead of their all-gather.
+  bool offload_optimizer = false;
+  bool offload_param = false;
+  offload::PinPolicy pin = offload::PinPolicy::preferred;
+  int host_threads = 0;  // AdamW's oneTBB threads (offload/thread_budget.hpp); 0 = the default
 };
 
 struct StepStats {
@@ -149,6 +162,19 @@ class Engine {
     size_t total() const noexcept { return parameters + gradients + master + optimizer; }
   };
   ModelStateBytes expected_model_state() const;
+  // With offload: the model state in host memory (ledger: host column), by the same categories:
+  //   parameters  e Psi_o (the updated 16-bit shard on its way up) + with offload_param the
+  //               partitioned groups' shards
+  //   gradients   e Psi_o (the reduced shard as it lands) + 4 Psi_o (fp32 accumulator, stage 2/3
+  //               with accumulation)
+  //   master      4 Psi_o; optimizer 8 Psi_o        (Psi_o = Psi_p / N, this rank's shard)
+  // and expected_model_state() is then what stays on the device: the parameters (none of the
+  // partitioned groups with offload_param) and at stage 1 the full gradient. Without offload:
+  // all zero.
+  ModelStateBytes expected_host_state() const;
+  // Bytes the offload path moved since construction (D2H: gradients; H2D: updated parameters,
+  // and with offload_param the shards ahead of their all-gathers). Zero without offload.
+  offload::CopyCounters offload_traffic() const;
   // The most bytes the pooled transient buffers (ledger: comm_buffers) can reach, from the
   // partition and the communication options above.
   size_t transient_bound() const;

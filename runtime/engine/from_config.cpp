@@ -50,6 +50,12 @@ EngineOptions engine_options(const config::Config& c) {
   o.max_live_parameters = c.zero.stage3_max_live_parameters;
   o.param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
   o.timers = c.wall_clock_breakdown;
+  // NVMe offload is accepted by the config reader and runs as cpu offload (warned there).
+  o.offload_optimizer = c.zero.offload_optimizer.enabled();
+  o.offload_param = c.zero.offload_param.enabled();
+  const bool pin = (!o.offload_optimizer || c.zero.offload_optimizer.pin_memory) &&
+                   (!o.offload_param || c.zero.offload_param.pin_memory);
+  o.pin = pin ? offload::PinPolicy::preferred : offload::PinPolicy::off;
   return o;
 }
 

@@ -19,6 +19,9 @@
 //   zero_optimization.stage3_max_live_parameters    max_live_parameters
 //   zero_optimization.stage3_param_persistence_threshold   param_persistence_threshold
 //   wall_clock_breakdown                            timers
+//   zero_optimization.offload_optimizer.device      offload_optimizer (cpu; nvme runs as cpu)
+//   zero_optimization.offload_param.device          offload_param
+//   offload_*.pin_memory                            pin: preferred (true) or off (false)
 //
 // Keys the engine reads no field for, and why (docs/engine.md): allgather_bucket_size (the
 // step-end all-gather is in place, one per group: it needs no bucket buffer), contiguous_gradients

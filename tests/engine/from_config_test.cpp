@@ -58,6 +58,18 @@ TEST_CASE("engine options: a stage-3 bf16 config with every communication knob")
   CHECK(o.param_persistence_threshold == 40);
   CHECK(o.number_checkpoints == 2);
   CHECK(o.seed == 99);
+  CHECK_FALSE(o.offload_optimizer);
+  CHECK_FALSE(o.offload_param);
+}
+
+TEST_CASE("engine options: offload blocks") {
+  const config::Config c = parse(R"({"train_micro_batch_size_per_gpu": 1,
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": true},
+                          "offload_param": {"device": "cpu", "pin_memory": false}}})");
+  const EngineOptions o = engine_options(c);
+  CHECK(o.offload_optimizer);
+  CHECK(o.offload_param);
+  CHECK(o.pin == offload::PinPolicy::off);  // one block asks for pageable memory
 }
 
 TEST_CASE("engine options: DeepSpeed's defaults, fp16 loss scaling, overlap off below stage 3") {
