@@ -88,6 +88,8 @@ struct Engine::State {
   double comm_t0 = 0;  // touched only on the communicator's stream
   double exposed = 0;  // this step's host time waiting on collectives
   double fwd_time = 0, bwd_time = 0;  // this step's host time in forward / backward
+  double d2h_time = 0, h2d_time = 0, adam_waited = 0;  // offload: this step's host waits
+  std::atomic<int64_t> adam_ns{0};  // offload: AdamW time on the host optimizer thread
 
   size_t esize() const { return size_of(dtype); }
   unsigned char* at(const Tensor& t, int64_t elems, size_t elem_size) const {
@@ -442,7 +444,9 @@ void Engine::State::gather_group(int g) {
     // The shard comes up from the host into its own place in the full buffer, and is gathered
     // in place from there. The host waits for the copy: on cuda a DMA of 1/N of the group.
     unsigned char* mine = at(gathered[gi], owned_begin[gi], esize());
+    const double t0 = now_seconds();
     copies->to_device(mine, h_shard[gi], 0, static_cast<size_t>(grp.shard_numel) * esize()).wait();
+    h2d_time += now_seconds() - t0;
     send = mine;
   }
   gathering[gi] = post([&](Event* after) {
@@ -604,7 +608,9 @@ void Engine::State::land(int g, const void* shard, bool last) {
   const size_t n = static_cast<size_t>(part.group(g).shard_numel);
   // The landing area of g is free once the host thread has used the previous micro-batch's.
   worker->synchronize();
+  const double t0 = now_seconds();
   copies->to_host(h_land, static_cast<size_t>(owned_off[gi]) * esize(), shard, n * esize()).wait();
+  d2h_time += now_seconds() - t0;
   worker->launch_host([this, g, gi, n, last] {
     const unsigned char* landed = static_cast<const unsigned char*>(h_land.data()) + static_cast<size_t>(owned_off[gi]) * esize();
     if (h_acc) {
@@ -773,7 +779,11 @@ StepStats Engine::State::boundary(double loss) {
       // soon as its AdamW is done, then (whole groups) its all-gather starts, while the host
       // thread works on the next groups.
       for (int g = 0; g < G; ++g) {
-        worker->launch_host([this, g, as, hp] { adam_group(g, as, hp); });
+        worker->launch_host([this, g, as, hp] {
+          const double t0 = now_seconds();
+          adam_group(g, as, hp);
+          adam_ns += static_cast<int64_t>((now_seconds() - t0) * 1e9);
+        });
         worker->record(*adam_done[static_cast<size_t>(g)]);
       }
     }
@@ -782,11 +792,15 @@ StepStats Engine::State::boundary(double loss) {
       if (!off) {
         adam_group(g, as, hp);
       } else {
+        double t0 = now_seconds();
         adam_done[gi]->synchronize();
+        adam_waited += now_seconds() - t0;
         if (!(off_param && !whole[gi])) {
           const size_t bytes = static_cast<size_t>(owned_len(g)) * esize();
+          t0 = now_seconds();
           copies->to_device(at(work[gi], work_owned_begin(g), esize()), h_out,
                             static_cast<size_t>(owned_off[gi]) * esize(), bytes).wait();
+          h2d_time += now_seconds() - t0;
         }
       }
       // Every rank updated its shard of a whole group's working parameters: gather them in
@@ -816,6 +830,8 @@ StepStats Engine::step(const std::function<Batch(int micro)>& next) {
   const float seed = s.scaler ? static_cast<float>(s.scaler->scale()) : 1.0f;
   try {
     s.fwd_time = s.bwd_time = s.exposed = 0;
+    s.d2h_time = s.h2d_time = s.adam_waited = 0;
+    s.adam_ns = 0;
     double loss = 0;
     for (int mb = 0; mb < s.o.gradient_accumulation_steps; ++mb) {
       const Batch batch = next(mb);
@@ -828,6 +844,10 @@ StepStats Engine::step(const std::function<Batch(int micro)>& next) {
       st.time.backward = s.bwd_time;
       st.time.optimizer = State::now_seconds() - t0;
       st.time.comm_exposed = s.exposed;
+      st.time.d2h = s.d2h_time;
+      st.time.h2d = s.h2d_time;
+      st.time.host_adam = static_cast<double>(s.adam_ns.load()) * 1e-9;  // boundary synced it
+      st.time.host_adam_waited = s.adam_waited;
       const int64_t busy = s.comm_busy_ns.load();
       st.time.comm_busy = static_cast<double>(busy - s.comm_busy_reported_ns) * 1e-9;
       s.comm_busy_reported_ns = busy;

@@ -114,9 +114,16 @@ struct StepStats {
   // each phase (waits included). comm_busy: the communicator's stream running this engine's
   // collectives since the previous step's report; comm_exposed: the host waiting on a
   // collective while the compute stream was idle. hidden() = 1 - exposed / busy.
+  // With offload: d2h / h2d, the host waiting for gradient copies down / parameter copies up;
+  // host_adam, the host optimizer thread's time in AdamW; host_adam_waited, the part of it the
+  // driving thread spent blocked waiting for AdamW (the rest overlapped other work).
   struct Times {
     double forward = 0, backward = 0, optimizer = 0, comm_busy = 0, comm_exposed = 0;
+    double d2h = 0, h2d = 0, host_adam = 0, host_adam_waited = 0;
     double hidden() const noexcept { return comm_busy > 0 ? 1.0 - comm_exposed / comm_busy : 1.0; }
+    double host_adam_hidden() const noexcept {
+      return host_adam > 0 ? 1.0 - host_adam_waited / host_adam : 1.0;
+    }
   } time;
 };
 
