@@ -62,21 +62,28 @@ inline void store_copy(NoCopy*, size_t, float) {}
 inline void store_copy(half* c, size_t i, float p) { c[i] = to_half(p); }
 inline void store_copy(bfloat16* c, size_t i, float p) { c[i] = to_bfloat16(p); }
 
+// The state one range reads and writes: in place (in == out) or from one buffer into another
+// (HostAdam::step_into). Not __restrict: in and out may be the same memory.
+struct State {
+  const float *p_in, *m_in, *v_in;
+  float *p, *m, *v;
+  State at(size_t i) const { return {p_in + i, m_in + i, v_in + i, p + i, m + i, v + i}; }
+};
+
 template <class G, bool kAdamW, class C>
-inline void adam_element(const AdamScalars& s, float* __restrict param, float* __restrict m_state,
-                         float* __restrict v_state, const G* __restrict grad, C* __restrict copy,
-                         size_t i) {
-  float p = param[i];
+inline void adam_element(const AdamScalars& s, const State& x, const G* __restrict grad,
+                         C* __restrict copy, size_t i) {
+  float p = x.p_in[i];
   float g = load_grad(grad[i]) * s.grad_scale;
   if constexpr (!kAdamW) g = g + s.l2 * p;
-  const float m = s.beta1 * m_state[i] + s.one_minus_beta1 * g;
-  const float v = s.beta2 * v_state[i] + s.one_minus_beta2 * g * g;
+  const float m = s.beta1 * x.m_in[i] + s.one_minus_beta1 * g;
+  const float v = s.beta2 * x.v_in[i] + s.one_minus_beta2 * g * g;
   const float denom = std::sqrt(v) * s.inv_sqrt_bc2 + s.eps;
   if constexpr (kAdamW) p = p - s.decay * p;
   p = p - s.step_size * m / denom;
-  param[i] = p;
-  m_state[i] = m;
-  v_state[i] = v;
+  x.p[i] = p;
+  x.m[i] = m;
+  x.v[i] = v;
   store_copy(copy, i, p);
 }
 
@@ -85,11 +92,9 @@ inline void adam_element(const AdamScalars& s, float* __restrict param, float* _
 // with -fno-math-errno (the "no-math-errno" optimize pragma does not reach the builtin's
 // declaration), and an x86-64 CPU without AVX2 and F16C predates 2013.
 template <class G, bool kAdamW, class C>
-void portable_range(const AdamScalars& s, float* __restrict param, float* __restrict m_state,
-                    float* __restrict v_state, const G* __restrict grad, C* __restrict copy,
-                    size_t n) {
-  for (size_t i = 0; i < n; ++i)
-    adam_element<G, kAdamW, C>(s, param, m_state, v_state, grad, copy, i);
+void portable_range(const AdamScalars& s, const State& x, const G* __restrict grad,
+                    C* __restrict copy, size_t n) {
+  for (size_t i = 0; i < n; ++i) adam_element<G, kAdamW, C>(s, x, grad, copy, i);
 }
 
 #if ZERO_HOST_ADAM_X86
@@ -151,14 +156,13 @@ ZERO_AVX512 inline void store16(bfloat16* c, __m512 p, bool stream) {
 }
 
 template <class G, bool kAdamW, class C>
-ZERO_AVX512 void avx512_range(const AdamScalars& s, float* __restrict param,
-                              float* __restrict m_state, float* __restrict v_state,
-                              const G* __restrict grad, C* __restrict copy, size_t n) {
-  // Peel to a 64-byte aligned param so its loads and stores never split a cache line (m and v
-  // are usually offset alike: they come from equally aligned buffers).
-  const size_t misalign = (reinterpret_cast<uintptr_t>(param) / sizeof(float)) % 16;
+ZERO_AVX512 void avx512_range(const AdamScalars& s, const State& x, const G* __restrict grad,
+                              C* __restrict copy, size_t n) {
+  // Peel to a 64-byte aligned parameter input so its loads never split a cache line (the other
+  // streams are usually offset alike: they come from equally aligned buffers).
+  const size_t misalign = (reinterpret_cast<uintptr_t>(x.p_in) / sizeof(float)) % 16;
   const size_t head = std::min(n, misalign ? 16 - misalign : 0);
-  portable_range<G, kAdamW, C>(s, param, m_state, v_state, grad, copy, head);
+  portable_range<G, kAdamW, C>(s, x, grad, copy, head);
 
   const __m512 grad_scale = _mm512_set1_ps(s.grad_scale), l2 = _mm512_set1_ps(s.l2);
   const __m512 beta1 = _mm512_set1_ps(s.beta1), omb1 = _mm512_set1_ps(s.one_minus_beta1);
@@ -170,27 +174,27 @@ ZERO_AVX512 void avx512_range(const AdamScalars& s, float* __restrict param,
   if constexpr (!std::is_same_v<C, NoCopy>)
     stream = reinterpret_cast<uintptr_t>(copy + head) % 32 == 0;
   for (; i + 16 <= n; i += 16) {
-    prefetch_ahead(param, i);
-    prefetch_ahead(m_state, i);
-    prefetch_ahead(v_state, i);
+    prefetch_ahead(x.p_in, i);
+    prefetch_ahead(x.m_in, i);
+    prefetch_ahead(x.v_in, i);
     prefetch_ahead(grad, i);
-    __m512 p = _mm512_load_ps(param + i);
+    __m512 p = _mm512_load_ps(x.p_in + i);
     __m512 g = _mm512_mul_ps(load16(grad + i), grad_scale);
     if constexpr (!kAdamW) g = _mm512_add_ps(g, _mm512_mul_ps(l2, p));
     const __m512 m =
-        _mm512_add_ps(_mm512_mul_ps(beta1, _mm512_loadu_ps(m_state + i)), _mm512_mul_ps(omb1, g));
-    const __m512 v = _mm512_add_ps(_mm512_mul_ps(beta2, _mm512_loadu_ps(v_state + i)),
+        _mm512_add_ps(_mm512_mul_ps(beta1, _mm512_loadu_ps(x.m_in + i)), _mm512_mul_ps(omb1, g));
+    const __m512 v = _mm512_add_ps(_mm512_mul_ps(beta2, _mm512_loadu_ps(x.v_in + i)),
                                    _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
     const __m512 denom =
         _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_sqrt_ps(kAll, v), inv_sqrt_bc2), eps);
     if constexpr (kAdamW) p = _mm512_sub_ps(p, _mm512_mul_ps(decay, p));
     p = _mm512_sub_ps(p, _mm512_div_ps(_mm512_mul_ps(step_size, m), denom));
-    _mm512_store_ps(param + i, p);
-    _mm512_storeu_ps(m_state + i, m);
-    _mm512_storeu_ps(v_state + i, v);
+    _mm512_storeu_ps(x.p + i, p);
+    _mm512_storeu_ps(x.m + i, m);
+    _mm512_storeu_ps(x.v + i, v);
     if constexpr (!std::is_same_v<C, NoCopy>) store16(copy + i, p, stream);
   }
-  portable_range<G, kAdamW, C>(s, param + i, m_state + i, v_state + i, grad + i,
+  portable_range<G, kAdamW, C>(s, x.at(i), grad + i,
                                std::is_same_v<C, NoCopy> ? copy : copy + i, n - i);
   // Streaming stores are weakly ordered: fence them before the hand-off to whoever reads the
   // copy (step()'s return, through the arena's synchronisation).
@@ -231,12 +235,11 @@ ZERO_AVX2 inline void store8(bfloat16* c, __m256 p, bool stream) {
 }
 
 template <class G, bool kAdamW, class C>
-ZERO_AVX2 void avx2_range(const AdamScalars& s, float* __restrict param, float* __restrict m_state,
-                          float* __restrict v_state, const G* __restrict grad, C* __restrict copy,
-                          size_t n) {
-  const size_t misalign = (reinterpret_cast<uintptr_t>(param) / sizeof(float)) % 8;
+ZERO_AVX2 void avx2_range(const AdamScalars& s, const State& x, const G* __restrict grad,
+                          C* __restrict copy, size_t n) {
+  const size_t misalign = (reinterpret_cast<uintptr_t>(x.p_in) / sizeof(float)) % 8;
   const size_t head = std::min(n, misalign ? 8 - misalign : 0);
-  portable_range<G, kAdamW, C>(s, param, m_state, v_state, grad, copy, head);
+  portable_range<G, kAdamW, C>(s, x, grad, copy, head);
 
   const __m256 grad_scale = _mm256_set1_ps(s.grad_scale), l2 = _mm256_set1_ps(s.l2);
   const __m256 beta1 = _mm256_set1_ps(s.beta1), omb1 = _mm256_set1_ps(s.one_minus_beta1);
@@ -248,26 +251,26 @@ ZERO_AVX2 void avx2_range(const AdamScalars& s, float* __restrict param, float* 
   if constexpr (!std::is_same_v<C, NoCopy>)
     stream = reinterpret_cast<uintptr_t>(copy + head) % 16 == 0;
   for (; i + 8 <= n; i += 8) {
-    prefetch_ahead(param, i);
-    prefetch_ahead(m_state, i);
-    prefetch_ahead(v_state, i);
+    prefetch_ahead(x.p_in, i);
+    prefetch_ahead(x.m_in, i);
+    prefetch_ahead(x.v_in, i);
     prefetch_ahead(grad, i);
-    __m256 p = _mm256_load_ps(param + i);
+    __m256 p = _mm256_load_ps(x.p_in + i);
     __m256 g = _mm256_mul_ps(load8(grad + i), grad_scale);
     if constexpr (!kAdamW) g = _mm256_add_ps(g, _mm256_mul_ps(l2, p));
     const __m256 m =
-        _mm256_add_ps(_mm256_mul_ps(beta1, _mm256_loadu_ps(m_state + i)), _mm256_mul_ps(omb1, g));
-    const __m256 v = _mm256_add_ps(_mm256_mul_ps(beta2, _mm256_loadu_ps(v_state + i)),
+        _mm256_add_ps(_mm256_mul_ps(beta1, _mm256_loadu_ps(x.m_in + i)), _mm256_mul_ps(omb1, g));
+    const __m256 v = _mm256_add_ps(_mm256_mul_ps(beta2, _mm256_loadu_ps(x.v_in + i)),
                                    _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
     const __m256 denom = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(v), inv_sqrt_bc2), eps);
     if constexpr (kAdamW) p = _mm256_sub_ps(p, _mm256_mul_ps(decay, p));
     p = _mm256_sub_ps(p, _mm256_div_ps(_mm256_mul_ps(step_size, m), denom));
-    _mm256_store_ps(param + i, p);
-    _mm256_storeu_ps(m_state + i, m);
-    _mm256_storeu_ps(v_state + i, v);
+    _mm256_storeu_ps(x.p + i, p);
+    _mm256_storeu_ps(x.m + i, m);
+    _mm256_storeu_ps(x.v + i, v);
     if constexpr (!std::is_same_v<C, NoCopy>) store8(copy + i, p, stream);
   }
-  portable_range<G, kAdamW, C>(s, param + i, m_state + i, v_state + i, grad + i,
+  portable_range<G, kAdamW, C>(s, x.at(i), grad + i,
                                std::is_same_v<C, NoCopy> ? copy : copy + i, n - i);
   if constexpr (!std::is_same_v<C, NoCopy>) _mm_sfence();
 }
@@ -276,19 +279,19 @@ ZERO_AVX2 void avx2_range(const AdamScalars& s, float* __restrict param, float* 
 
 // ---- dispatch -----------------------------------------------------------------------------------
 
-using RangeFn = void (*)(const AdamScalars&, float*, float*, float*, const void*, void*, size_t);
+using RangeFn = void (*)(const AdamScalars&, const State&, const void*, void*, size_t);
 
 template <HostAdam::Simd kSimd, class G, bool kAdamW, class C>
-void range(const AdamScalars& s, float* p, float* m, float* v, const void* g, void* c, size_t n) {
+void range(const AdamScalars& s, const State& x, const void* g, void* c, size_t n) {
   const G* grad = static_cast<const G*>(g);
   C* copy = static_cast<C*>(c);
 #if ZERO_HOST_ADAM_X86
   if constexpr (kSimd == HostAdam::Simd::avx512)
-    return avx512_range<G, kAdamW, C>(s, p, m, v, grad, copy, n);
+    return avx512_range<G, kAdamW, C>(s, x, grad, copy, n);
   if constexpr (kSimd == HostAdam::Simd::avx2)
-    return avx2_range<G, kAdamW, C>(s, p, m, v, grad, copy, n);
+    return avx2_range<G, kAdamW, C>(s, x, grad, copy, n);
 #endif
-  portable_range<G, kAdamW, C>(s, p, m, v, grad, copy, n);
+  portable_range<G, kAdamW, C>(s, x, grad, copy, n);
 }
 
 template <HostAdam::Simd kSimd, class G, bool kAdamW>
@@ -367,8 +370,16 @@ HostAdam::Simd HostAdam::simd() const { return impl_->simd; }
 void HostAdam::step(const AdamParams& params, const AdamStep& step, float* param, float* m,
                     float* v, const void* grad, DType grad_dtype, size_t n, void* param_copy,
                     DType copy_dtype) {
+  step_into(params, step, param, m, v, param, m, v, grad, grad_dtype, n, param_copy, copy_dtype);
+}
+
+void HostAdam::step_into(const AdamParams& params, const AdamStep& step, const float* param_in,
+                         const float* m_in, const float* v_in, float* param, float* m, float* v,
+                         const void* grad, DType grad_dtype, size_t n, void* param_copy,
+                         DType copy_dtype) {
   if (n == 0) return;
-  ZERO_REQUIRE(param && m && v && grad, "HostAdam::step: param, m, v and grad must not be null");
+  ZERO_REQUIRE(param_in && m_in && v_in && param && m && v && grad,
+               "HostAdam::step: param, m, v and grad must not be null");
   ZERO_REQUIRE(!param_copy || copy_dtype != DType::f32,
                "HostAdam::step: the parameter copy must be fp16 or bf16, not fp32");
   const AdamScalars s = adam_scalars(params, step);
@@ -376,8 +387,9 @@ void HostAdam::step(const AdamParams& params, const AdamStep& step, float* param
       pick(impl_->simd, params.adam_w_mode, grad_dtype, param_copy != nullptr, copy_dtype);
   const size_t gsize = size_of(grad_dtype);
   const size_t csize = size_of(copy_dtype);
+  const State all{param_in, m_in, v_in, param, m, v};
   auto run = [&](size_t begin, size_t end) {
-    fn(s, param + begin, m + begin, v + begin, static_cast<const char*>(grad) + begin * gsize,
+    fn(s, all.at(begin), static_cast<const char*>(grad) + begin * gsize,
        param_copy ? static_cast<char*>(param_copy) + begin * csize : nullptr, end - begin);
   };
   const size_t chunks = (n + kChunk - 1) / kChunk;

@@ -77,6 +77,15 @@ class HostAdam {
             const void* grad, DType grad_dtype, size_t n, void* param_copy = nullptr,
             DType copy_dtype = DType::bf16);
 
+  // The same step out of place: reads param_in, m_in, v_in and writes param, m, v (each pair
+  // either the same buffer or not overlapping at all). Identical bits to step(). The engine's
+  // speculative host step runs AdamW into a second copy of the state, which it keeps or drops
+  // once the global gradient norm is known, so a wrong guess costs no extra memory traffic.
+  void step_into(const AdamParams& params, const AdamStep& step, const float* param_in,
+                 const float* m_in, const float* v_in, float* param, float* m, float* v,
+                 const void* grad, DType grad_dtype, size_t n, void* param_copy = nullptr,
+                 DType copy_dtype = DType::bf16);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -18,6 +18,7 @@
 #include "collectives/communicator.hpp"
 #include "models/data/addition_task.hpp"
 #include "models/gpt.hpp"
+#include "offload/thread_budget.hpp"
 #include "runtime/config/config.hpp"
 #include "runtime/engine/engine.hpp"
 #include "runtime/engine/from_config.hpp"
@@ -170,7 +171,10 @@ int train(zero::World& world, const Flags& flags) {
   auto comm = coll::make_mpi_communicator(world.comm(), *device);
   auto stream = device->create_stream("compute");
   auto ops = models::make_ops(*device, *stream);
-  const EngineOptions o = engine_options(c);
+  EngineOptions o = engine_options(c);
+  // The host AdamW's threads: the node's cores shared among its ranks (collective).
+  const offload::ThreadBudget budget = offload::host_thread_budget(world.comm());
+  o.host_threads = budget.threads;
   Model model = models::make_gpt({shape, o.param_type, ScalarType::f32}, *ops);
   Engine engine(model, *device, *stream, *comm, o);
 
@@ -191,6 +195,7 @@ int train(zero::World& world, const Flags& flags) {
                 std::string(to_string(o.param_type)).c_str(), c.batch.train_batch_size, B, GA, W, steps,
                 task.describe().c_str(), T);
   log::info(line);
+  log::info(budget.explanation);
   log::info(engine.memory_report());
 
   double t_last = now_seconds();
@@ -229,6 +234,17 @@ int train(zero::World& world, const Flags& flags) {
                       st.time.forward, st.time.backward, st.time.optimizer, st.time.comm_busy,
                       st.time.comm_exposed);
         log::info(line);
+        if (o.offload_optimizer) {
+          std::snprintf(line, sizeof line,
+                        "  offload: host AdamW %.3f s (%.0f%% hidden%s), waits for copies down "
+                        "%.3f s, up %.3f s",
+                        st.time.host_adam, 100.0 * st.time.host_adam_hidden(),
+                        st.speculation == StepStats::Speculation::kept      ? ", ran during backward"
+                        : st.speculation == StepStats::Speculation::dropped ? ", guess dropped"
+                                                                            : "",
+                        st.time.d2h, st.time.h2d);
+          log::info(line);
+        }
       }
       t_last = t;
       since = 0;

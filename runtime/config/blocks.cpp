@@ -330,6 +330,7 @@ void visit(Io& io, Ours& o) {
   io.bytes("device_memory_limit", o.device_memory_limit);
   io.bytes("host_memory_limit", o.host_memory_limit);
   io.key("steps", o.steps, {.min = 1, .flag = &io.env().steps_flag, .flag_name = "--steps"});
+  io.key("speculative_host_step", o.speculative_host_step);
   io.block("model", o, [](auto& m, Ours& ours) { visit_model(m, ours); });
 }
 

@@ -304,6 +304,7 @@ struct Ours {
   long long device_memory_limit = 0;  // bytes the run may use on the device; 0 = its capacity
   long long host_memory_limit = 0;    // bytes the run may use on the host; 0 = unlimited
   long long steps = 100;              // optimizer steps to run (also "auto" total_num_steps)
+  bool speculative_host_step = true;  // offload: host AdamW during backward (EngineOptions)
   std::string model_preset = "tiny";  // the preset "model" started from; "" = explicit shape
   models::GptShape model = models::kGptPresets[0].shape;  // the GPT shape (preset "tiny")
 };

@@ -58,14 +58,41 @@ struct Engine::State {
   bool off = false, off_param = false;
   std::unique_ptr<offload::HostMemory> host;
   std::unique_ptr<offload::CopyEngine> copies;
-  // The host optimizer's tasks, in order, on a thread of their own (a cpu executor on either
-  // backend): accumulating a landed gradient shard, its squared norm, AdamW on a group.
-  std::unique_ptr<Stream> worker;
-  std::vector<std::unique_ptr<Event>> adam_done;  // per group, recorded on `worker`
+  // The host's tasks, each kind in order on a thread of its own (cpu executors on either
+  // backend): `worker` adds a landed gradient shard to the accumulator and takes its squared
+  // norm; `optimizer` runs AdamW on a group, after that group's last landing. Two queues, so
+  // that the last group's norm (which the step's all-reduce waits for) never queues behind the
+  // AdamW of the groups before it.
+  std::unique_ptr<Stream> worker, optimizer;
+  std::vector<std::unique_ptr<Event>> adam_done;  // per group, recorded on `optimizer`
+  std::vector<std::unique_ptr<Event>> land_done;  // per group: its landed shard was used
+  std::unique_ptr<Event> norms_done;              // the last landed group's norm was taken
+  void sync_host_threads() {
+    worker->synchronize();
+    optimizer->synchronize();
+  }
+  // The driving thread waiting for a host thread, counted as host AdamW not hidden
+  // (conservative: part of such a wait may be accumulation or a norm).
+  void wait_worker(Event& e) {
+    const double t0 = now_seconds();
+    e.synchronize();
+    adam_waited += now_seconds() - t0;
+  }
   offload::HostBuffer h_land;   // owned_total x e: this micro-batch's reduced shard, landed
   offload::HostBuffer h_acc;    // owned_total fp32: accumulator (stage 2/3, accumulation)
   offload::HostBuffer h_out;    // owned_total x e: AdamW's updated working copy, going up
   offload::HostBuffer h_master, h_m, h_v;  // owned_total fp32
+  // Speculative host step (EngineOptions::speculative_host_step): a second bank of master, m, v.
+  // Per group, bank[g] says which bank holds the current state; AdamW run ahead writes the
+  // other one, and keeping its result flips bank[g] (dropping it costs nothing).
+  bool spec = false;
+  offload::HostBuffer h_master2, h_m2, h_v2;
+  std::vector<uint8_t> bank;
+  bool guess_next = true;     // the last step was applied unclipped: guess so again
+  bool speculating = false;   // this step's last micro-batch runs AdamW ahead
+  optim::AdamStep spec_as;    // the step it assumes: applied, unclipped
+  optim::AdamParams spec_hp;
+  std::vector<int> spec_order;  // groups whose AdamW ran ahead, in the order they landed
   std::vector<offload::HostBuffer> h_shard;  // offload_param: partitioned groups' shards
   std::vector<double> partial;  // per group: local squared norm of the final gradient shard
 
@@ -167,7 +194,22 @@ struct Engine::State {
   void reduce_group_stage2(int g, bool last);
   void finish_oldest_reduce();
   void land(int g, const void* shard, bool last);
-  void adam_group(int g, const optim::AdamStep& as, const optim::AdamParams& base);
+  void adam_group(int g, const optim::AdamStep& as, const optim::AdamParams& base, bool ahead = false);
+  void timed_adam(int g, const optim::AdamStep& as, const optim::AdamParams& hp, bool ahead) {
+    const double t0 = now_seconds();
+    adam_group(g, as, hp, ahead);
+    adam_ns += static_cast<int64_t>((now_seconds() - t0) * 1e9);
+  }
+  // AdamW's fp32 state of group g's owned range: k = 0 master, 1 m, 2 v; `other`: the bank
+  // the speculative step writes. Null master with fp32 parameters and no offload.
+  float* state(int g, int k, bool other = false) const {
+    const size_t gi = static_cast<size_t>(g);
+    const bool second = spec && ((bank[gi] != 0) != other);
+    float* base = k == 0 ? (second ? h_master2.as<float>() : P_master)
+                : k == 1 ? (second ? h_m2.as<float>() : P_m)
+                         : (second ? h_v2.as<float>() : P_v);
+    return base ? base + owned_off[gi] : nullptr;
+  }
   const unsigned char* grad_ptr(int g);
   DType grad_type() const { return o.stage >= 2 ? grad_acc_type : dtype; }
   // Offload, stage 3: where partitioned group g's shard lives (host with offload_param).
@@ -229,15 +271,44 @@ struct Engine::State {
     try { compute.synchronize(); } catch (...) {}
     try { comm.stream().synchronize(); } catch (...) {}  // the timers' clock reads
     if (worker) try { worker->synchronize(); } catch (...) {}
+    if (optimizer) try { optimizer->synchronize(); } catch (...) {}
   }
   ~State() { quiesce(); }
   double micro_batch(const Batch& batch, float seed_scale, int mb);
   StepStats boundary(double loss);
+
+  // The AdamStep of applied step t with a global gradient scale (StepScale::grad_scale), as the
+  // boundary computes it: the one place that knows the arithmetic, so that the guess made before
+  // the norm and the step taken after it are equal bits exactly when they are the same step.
+  optim::AdamStep adam_step(int64_t t, float grad_scale, optim::AdamParams& hp) const {
+    const double n = static_cast<double>(world) * o.gradient_accumulation_steps;
+    hp = o.adam;
+    if (o.betas) std::tie(hp.beta1, hp.beta2) = o.betas(t);
+    return optim::AdamStep{t, o.lr(t), static_cast<float>(grad_scale / n)};
+  }
+  // Before the last micro-batch: whether its groups' AdamW runs ahead, and the step it assumes
+  // (the next applied step, unclipped, at the loss scale the gradients are computed at).
+  void plan_speculation() {
+    speculating = spec && guess_next;
+    if (!speculating) return;
+    const double loss_scale = scaler ? scaler->scale() : 1.0;
+    spec_as = adam_step(applied + 1, static_cast<float>(1.0 / loss_scale), spec_hp);
+  }
 };
 
 namespace {
 
 // Host element write of an fp32 value in the working dtype.
+// Bitwise equality of two AdamW steps' inputs (floats compared as bits: -0 != +0, NaN == NaN).
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+bool same_step(const optim::AdamStep& a, const optim::AdamParams& ha, const optim::AdamStep& b,
+               const optim::AdamParams& hb) {
+  return a.step == b.step && same_bits(a.lr, b.lr) && same_bits(a.grad_scale, b.grad_scale) &&
+         same_bits(ha.beta1, hb.beta1) && same_bits(ha.beta2, hb.beta2) &&
+         same_bits(ha.eps, hb.eps) && same_bits(ha.weight_decay, hb.weight_decay) &&
+         ha.adam_w_mode == hb.adam_w_mode && ha.bias_correction == hb.bias_correction;
+}
+
 void store(void* dst, DType t, const float* src, int64_t n) {
   convert(src, DType::f32, dst, t, static_cast<size_t>(n));
 }
@@ -290,8 +361,19 @@ void Engine::State::init_state() {
     P_master = h_master.as<float>();
     P_m = h_m.as<float>();
     P_v = h_v.as<float>();
+    if (spec) {
+      h_master2 = host->allocate(owned * 4, MemCategory::master_weights);
+      h_m2 = host->allocate(owned * 4, MemCategory::optimizer_states);
+      h_v2 = host->allocate(owned * 4, MemCategory::optimizer_states);
+      for (offload::HostBuffer* b : {&h_master2, &h_m2, &h_v2}) std::memset(b->data(), 0, b->bytes());
+    }
+    bank.assign(Gs, 0);
     partial.assign(Gs, 0.0);
-    for (int g = 0; g < G; ++g) adam_done.push_back(make_cpu_event());
+    for (int g = 0; g < G; ++g) {
+      adam_done.push_back(make_cpu_event());
+      land_done.push_back(make_cpu_event());
+    }
+    norms_done = make_cpu_event();
   } else {
     if (o.stage >= 2)
       grad_acc = Tensor::zeros(dev, compute, Shape{owned_total}, scalar_type(grad_acc_type),
@@ -303,6 +385,7 @@ void Engine::State::init_state() {
     P_master = master ? master.data_as<float>() : nullptr;
     P_m = m.data_as<float>();
     P_v = v.data_as<float>();
+    bank.assign(Gs, 0);
   }
   compute.synchronize();
 
@@ -382,12 +465,14 @@ Engine::Engine(Model& model, Device& device, Stream& compute, coll::Communicator
                "{\"device\": \"cpu\"}");
   s.off = s.o.offload_optimizer;
   s.off_param = s.o.offload_param;
+  s.spec = s.off && s.o.speculative_host_step;
   if (s.off) {
     offload::HostMemoryOptions hm;
     hm.pin = s.o.pin;
     s.host = std::make_unique<offload::HostMemory>(device, hm);
     s.copies = std::make_unique<offload::CopyEngine>(device, *s.host);
-    s.worker = make_cpu_stream("host-optimizer");
+    s.worker = make_cpu_stream("host-gradients");
+    s.optimizer = make_cpu_stream("host-optimizer");
   }
   s.compute_done = device.create_event();
   s.checkpoint = checkpoint_plan(model, s.o.number_checkpoints);
@@ -569,6 +654,10 @@ void Engine::State::reduce_group_stage2(int g, bool last) {
   pending_elems += grp.padded_numel;
   full = Tensor();
   if (!o.overlap_comm) finish_oldest_reduce();
+  // Take the reductions already done (in order) without waiting: their buffers go back to the
+  // pool and, with offload, their shards land now, so that the host works on them (AdamW
+  // included) while backward goes on, however large reduce_bucket_size is.
+  while (!pending.empty() && pending.front().work.test()) finish_oldest_reduce();
 }
 
 // Waits for the oldest reduce-scatter, keeps its shard (or adds it to the fp32 accumulator) and
@@ -606,8 +695,9 @@ void Engine::State::finish_oldest_reduce() {
 void Engine::State::land(int g, const void* shard, bool last) {
   const size_t gi = static_cast<size_t>(g);
   const size_t n = static_cast<size_t>(part.group(g).shard_numel);
-  // The landing area of g is free once the host thread has used the previous micro-batch's.
-  worker->synchronize();
+  // The landing area of g is free once the host thread has used the previous micro-batch's
+  // (with one micro-batch, the previous step's AdamW read it: the boundary waited for that).
+  wait_worker(*land_done[gi]);
   const double t0 = now_seconds();
   copies->to_host(h_land, static_cast<size_t>(owned_off[gi]) * esize(), shard, n * esize()).wait();
   d2h_time += now_seconds() - t0;
@@ -622,6 +712,14 @@ void Engine::State::land(int g, const void* shard, bool last) {
     if (last)
       partial[gi] = optim::local_squared_norm(grad_ptr(g), grad_type(), static_cast<size_t>(owned_len(g)));
   });
+  worker->record(*land_done[gi]);
+  if (last) worker->record(*norms_done);
+  if (last && speculating) {  // the group's gradient is final: its AdamW, ahead of the norm
+    optimizer->wait(*land_done[gi]);
+    optimizer->launch_host([this, g] { timed_adam(g, spec_as, spec_hp, true); });
+    optimizer->record(*adam_done[gi]);
+    spec_order.push_back(g);
+  }
 }
 
 // Where this rank's reduced gradient for its owned range of group g starts.
@@ -637,27 +735,37 @@ const unsigned char* Engine::State::grad_ptr(int g) {
 
 // AdamW on this rank's owned range of group g, writing the fp32 master (or the fp32 working
 // parameters) and the working copy: in place on the device, or with offload into h_out (the
-// host shard itself for an offloaded parameter shard).
-void Engine::State::adam_group(int g, const optim::AdamStep& as, const optim::AdamParams& base) {
+// host shard itself for an offloaded parameter shard). `ahead` (speculative host step): from
+// the current bank into the other one, and the working copy always into h_out, so that nothing
+// a later use reads changes before the step is known to be applied (commit_ahead()).
+void Engine::State::adam_group(int g, const optim::AdamStep& as, const optim::AdamParams& base, bool ahead) {
   const size_t gi = static_cast<size_t>(g);
   optim::AdamParams hp = base;
+  float* const p_in = state(g, 0);
+  float* const m_in = state(g, 1);
+  float* const v_in = state(g, 2);
+  float* const p_out = state(g, 0, ahead);
+  float* const m_out = state(g, 1, ahead);
+  float* const v_out = state(g, 2, ahead);
   for (const Partition::Piece& pc : owned_pieces(g)) {
     hp.weight_decay = model.params[static_cast<size_t>(pc.param)].weight_decay ? base.weight_decay : 0.0f;
     const int64_t off_e = owned_off[gi] + pc.shard_offset;
+    const size_t k = static_cast<size_t>(pc.shard_offset);
     unsigned char* working;
     if (!off)
       working = at(work[gi], work_owned_begin(g) + pc.shard_offset, esize());
-    else if (off_param && !whole[gi])
-      working = static_cast<unsigned char*>(h_shard[gi].data()) + static_cast<size_t>(pc.shard_offset) * esize();
+    else if (off_param && !whole[gi] && !ahead)
+      working = static_cast<unsigned char*>(h_shard[gi].data()) + k * esize();
     else
       working = static_cast<unsigned char*>(h_out.data()) + static_cast<size_t>(off_e) * esize();
-    float* p = P_master ? P_master + off_e : reinterpret_cast<float*>(working);
-    const bool copy16 = P_master && dtype != DType::f32;
-    adam->step(hp, as, p, P_m + off_e, P_v + off_e,
-               grad_ptr(g) + static_cast<size_t>(pc.shard_offset) * size_of(grad_type()), grad_type(),
-               static_cast<size_t>(pc.count), copy16 ? working : nullptr, dtype);
-    if (P_master && dtype == DType::f32)  // offload with fp32 parameters: the copy going up
-      std::memcpy(working, p, static_cast<size_t>(pc.count) * 4);
+    float* p = p_in ? p_in + k : reinterpret_cast<float*>(working);
+    float* po = p_out ? p_out + k : p;
+    const bool copy16 = p_in && dtype != DType::f32;
+    adam->step_into(hp, as, p, m_in + k, v_in + k, po, m_out + k, v_out + k,
+                    grad_ptr(g) + k * size_of(grad_type()), grad_type(),
+                    static_cast<size_t>(pc.count), copy16 ? working : nullptr, dtype);
+    if (p_in && dtype == DType::f32)  // offload with fp32 parameters: the copy going up
+      std::memcpy(working, po, static_cast<size_t>(pc.count) * 4);
   }
 }
 
@@ -738,7 +846,9 @@ StepStats Engine::State::boundary(double loss) {
   // Summed in group order either way (with offload the host thread took each group's part).
   double local = 0;
   if (off) {
-    worker->synchronize();
+    // Every group landed its final shard (a group without parameters never lands: its partial
+    // stays 0); the AdamW run ahead after the last one goes on during the all-reduce.
+    wait_worker(*norms_done);
     for (int g = 0; g < G; ++g) local += partial[static_cast<size_t>(g)];
   } else {
     for (int g = 0; g < G; ++g)
@@ -768,36 +878,55 @@ StepStats Engine::State::boundary(double loss) {
   st.lr = o.lr(applied + 1);  // the step about to be applied
   st.loss_scale = sc.loss_scale;
   st.applied = sc.apply;
+  guess_next = sc.apply && sc.clip_coef == 1.0f;
 
+  optim::AdamParams hp;
+  const optim::AdamStep as = adam_step(applied + 1, sc.grad_scale, hp);
+  // The AdamW run ahead is this step exactly when every input of it is the same bits.
+  const bool keep = speculating && sc.apply && same_step(as, hp, spec_as, spec_hp);
+  if (speculating) {
+    st.speculation = keep ? StepStats::Speculation::kept : StepStats::Speculation::dropped;
+    if (!keep) {  // its results are in the other bank, never read: wait for it and go on
+      const double t0 = now_seconds();
+      sync_host_threads();
+      adam_waited += now_seconds() - t0;
+    }
+    speculating = false;
+  }
   if (sc.apply) {
     ++applied;
-    optim::AdamStep as{applied, st.lr, static_cast<float>(sc.grad_scale / n)};
-    optim::AdamParams hp = o.adam;
-    if (o.betas) std::tie(hp.beta1, hp.beta2) = o.betas(applied);
+    // The order groups finish AdamW in: with the step kept, those that ran ahead (landing order),
+    // then the rest; else group order.
+    std::vector<int> order = keep ? spec_order : std::vector<int>{};
+    std::vector<bool> ahead(static_cast<size_t>(G), false);
+    for (int g : order) ahead[static_cast<size_t>(g)] = true;
+    for (int g = 0; g < G; ++g)
+      if (!ahead[static_cast<size_t>(g)]) order.push_back(g);
     if (off) {
       // The host thread runs AdamW group by group; each group's updated working copy goes up as
       // soon as its AdamW is done, then (whole groups) its all-gather starts, while the host
       // thread works on the next groups.
-      for (int g = 0; g < G; ++g) {
-        worker->launch_host([this, g, as, hp] {
-          const double t0 = now_seconds();
-          adam_group(g, as, hp);
-          adam_ns += static_cast<int64_t>((now_seconds() - t0) * 1e9);
-        });
-        worker->record(*adam_done[static_cast<size_t>(g)]);
+      for (int g : order) {
+        if (ahead[static_cast<size_t>(g)]) continue;
+        optimizer->launch_host([this, g, as, hp] { timed_adam(g, as, hp, false); });
+        optimizer->record(*adam_done[static_cast<size_t>(g)]);
       }
     }
-    for (int g = 0; g < G; ++g) {
+    for (int g : order) {
       const size_t gi = static_cast<size_t>(g);
       if (!off) {
         adam_group(g, as, hp);
       } else {
-        double t0 = now_seconds();
-        adam_done[gi]->synchronize();
-        adam_waited += now_seconds() - t0;
+        wait_worker(*adam_done[gi]);
+        if (ahead[gi]) {  // keep it: the other bank is now the state
+          bank[gi] ^= 1;
+          if (off_param && !whole[gi])  // the shard's new working copy, from where it was written
+            std::memcpy(h_shard[gi].data(), static_cast<unsigned char*>(h_out.data()) + static_cast<size_t>(owned_off[gi]) * esize(),
+                        static_cast<size_t>(owned_len(g)) * esize());
+        }
         if (!(off_param && !whole[gi])) {
           const size_t bytes = static_cast<size_t>(owned_len(g)) * esize();
-          t0 = now_seconds();
+          const double t0 = now_seconds();
           copies->to_device(at(work[gi], work_owned_begin(g), esize()), h_out,
                             static_cast<size_t>(owned_off[gi]) * esize(), bytes).wait();
           h2d_time += now_seconds() - t0;
@@ -833,8 +962,11 @@ StepStats Engine::step(const std::function<Batch(int micro)>& next) {
     s.d2h_time = s.h2d_time = s.adam_waited = 0;
     s.adam_ns = 0;
     double loss = 0;
+    s.speculating = false;
+    s.spec_order.clear();
     for (int mb = 0; mb < s.o.gradient_accumulation_steps; ++mb) {
       const Batch batch = next(mb);
+      if (mb + 1 == s.o.gradient_accumulation_steps) s.plan_speculation();
       loss += s.micro_batch(batch, seed, mb);
     }
     const double t0 = State::now_seconds();
@@ -870,8 +1002,8 @@ std::vector<float> Engine::parameter(int p) {
   for (const Partition::Piece& pc : s.owned_pieces(loc.group)) {
     if (pc.param != p) continue;
     const float* src;
-    if (s.P_master) {
-      src = s.P_master + s.owned_off[g] + pc.shard_offset;
+    if (float* master = s.state(loc.group, 0)) {
+      src = master + pc.shard_offset;
     } else {
       src = reinterpret_cast<const float*>(s.at(s.work[g], s.work_owned_begin(loc.group) + pc.shard_offset, 4));
     }
@@ -918,8 +1050,9 @@ Engine::ModelStateBytes Engine::expected_host_state() const {
   for (int g = 0; g < s.part.group_count() && s.off_param; ++g)
     if (!s.whole[static_cast<size_t>(g)]) b.parameters += e * static_cast<size_t>(s.part.group(g).shard_numel);
   b.gradients = e * owned + (s.h_acc ? 4 * owned : 0);
-  b.master = 4 * owned;
-  b.optimizer = 8 * owned;
+  const size_t banks = s.spec ? 2 : 1;  // the speculative step's second copy
+  b.master = 4 * owned * banks;
+  b.optimizer = 8 * owned * banks;
   return b;
 }
 

@@ -101,6 +101,13 @@ struct EngineOptions {
   bool offload_param = false;
   offload::PinPolicy pin = offload::PinPolicy::preferred;
   int host_threads = 0;  // AdamW's oneTBB threads (offload/thread_budget.hpp); 0 = the default
+  // offload_optimizer: run each group's host AdamW as soon as its final gradient has landed,
+  // during backward, into a second copy of master, m and v (12 bytes per parameter of the
+  // shard, host), guessing that the step will be applied unclipped; kept when the global norm
+  // agrees, dropped (and AdamW run again after the norm) when it does not. Results are bitwise
+  // the same either way. After a clipped or skipped step the next step does not guess.
+  // (zero_train.speculative_host_step; docs/offload.md.)
+  bool speculative_host_step = true;
 };
 
 struct StepStats {
@@ -110,6 +117,9 @@ struct StepStats {
   float lr = 0;
   double loss_scale = 1;
   bool applied = true;      // false: fp16 overflow, step skipped
+  // Offload with speculative_host_step: whether this step's AdamW ran during backward and was
+  // kept, ran and was dropped (clipping, overflow), or did not run ahead.
+  enum class Speculation { none, kept, dropped } speculation = Speculation::none;
   // Seconds, filled with EngineOptions::timers. forward/backward/optimizer: the host's time in
   // each phase (waits included). comm_busy: the communicator's stream running this engine's
   // collectives since the previous step's report; comm_exposed: the host waiting on a
@@ -175,6 +185,7 @@ class Engine {
   //   gradients   e Psi_o (the reduced shard as it lands) + 4 Psi_o (fp32 accumulator, stage 2/3
   //               with accumulation)
   //   master      4 Psi_o; optimizer 8 Psi_o        (Psi_o = Psi_p / N, this rank's shard)
+  //               each twice with speculative_host_step (the second copy AdamW writes ahead)
   // and expected_model_state() is then what stays on the device: the parameters (none of the
   // partitioned groups with offload_param) and at stage 1 the full gradient. Without offload:
   // all zero.

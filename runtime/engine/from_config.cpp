@@ -56,6 +56,7 @@ EngineOptions engine_options(const config::Config& c) {
   const bool pin = (!o.offload_optimizer || c.zero.offload_optimizer.pin_memory) &&
                    (!o.offload_param || c.zero.offload_param.pin_memory);
   o.pin = pin ? offload::PinPolicy::preferred : offload::PinPolicy::off;
+  o.speculative_host_step = c.ours.speculative_host_step;
   return o;
 }
 

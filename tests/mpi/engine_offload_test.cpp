@@ -42,6 +42,7 @@ Batch mlp_batch(Device& dev, int64_t index) {
 struct Run {
   std::vector<double> losses;
   std::vector<std::vector<float>> params;
+  int kept = 0, dropped = 0, skipped = 0;  // speculative host steps; fp16 overflow steps
 };
 
 Run train(const EngineOptions& base, bool offload, bool offload_param) {
@@ -61,6 +62,9 @@ Run train(const EngineOptions& base, bool offload, bool offload_param) {
       return mlp_batch(*dev, int64_t{step} * 1000 + int64_t{comm.rank()} * o.gradient_accumulation_steps + m);
     });
     run.losses.push_back(st.loss);
+    run.kept += st.speculation == StepStats::Speculation::kept;
+    run.dropped += st.speculation == StepStats::Speculation::dropped;
+    run.skipped += !st.applied;
   }
   for (int p = 0; p < static_cast<int>(model.params.size()); ++p) run.params.push_back(engine.parameter(p));
   return run;
@@ -68,28 +72,63 @@ Run train(const EngineOptions& base, bool offload, bool offload_param) {
 
 }  // namespace
 
+// The speculative host step (AdamW during backward, kept when the norm says the step is applied
+// unclipped) must not change a bit either: with clipping active on every step (the guess is
+// dropped on the first step and not made again), with clipping that never binds (kept on every
+// step), with fp16 overflow steps (dropped, skipped, guessing again after a clean step), and
+// with the speculation off.
 TEST_CASE("offload: the same training as without, bitwise, stages 1-3") {
-  for (ScalarType type : {ScalarType::f32, ScalarType::bf16})
+  for (ScalarType type : {ScalarType::f32, ScalarType::bf16, ScalarType::f16})
     for (int ga : {1, 3})
       for (int stage = 1; stage <= 3; ++stage)
-        for (bool param : {false, true}) {
-          if (param && stage != 3) continue;
-          EngineOptions o;
-          o.stage = stage;
-          o.param_type = type;
-          o.gradient_accumulation_steps = ga;
-          o.gradient_clipping = 0.05f;  // active
-          o.adam.weight_decay = 0.01f;
-          o.lr = [](int64_t t) { return 1e-2f * std::min(1.0f, static_cast<float>(t) / 5.0f); };
-          o.seed = 3;
-          o.param_persistence_threshold = 300;  // a mix of whole and partitioned groups at stage 3
-          const Run off = train(o, false, false);
-          const Run on = train(o, true, param);
-          INFO("stage " << stage << ", " << to_string(type) << ", accumulation " << ga
-                        << (param ? ", offload_param" : ""));
-          CHECK(on.losses == off.losses);
-          CHECK(on.params == off.params);
-        }
+        for (bool param : {false, true})
+          for (float clip : {0.05f, 100.0f}) {
+            if (param && stage != 3) continue;
+            EngineOptions o;
+            o.stage = stage;
+            o.param_type = type;
+            o.gradient_accumulation_steps = ga;
+            o.gradient_clipping = clip;
+            o.adam.weight_decay = 0.01f;
+            o.lr = [](int64_t t) { return 1e-2f * std::min(1.0f, static_cast<float>(t) / 5.0f); };
+            o.seed = 3;
+            o.param_persistence_threshold = 300;  // a mix of whole and partitioned groups at stage 3
+            if (type == ScalarType::f16) {  // 2^24 overflows fp16 at once: skipped steps first
+              optim::LossScalerOptions ls;
+              ls.enabled = true;
+              ls.initial_scale_power = 24;
+              ls.hysteresis = 1;
+              o.loss_scaler = ls;
+            }
+            const Run off = train(o, false, false);
+            const Run on = train(o, true, param);
+            INFO("stage " << stage << ", " << to_string(type) << ", accumulation " << ga
+                          << (param ? ", offload_param" : "") << ", clipping " << clip);
+            CHECK(on.losses == off.losses);
+            CHECK(on.params == off.params);
+            CHECK(on.skipped == off.skipped);
+            CHECK(on.kept + on.dropped <= kSteps);
+            if (type != ScalarType::f16) {
+              CHECK(on.skipped == 0);
+              // Active clipping: one wrong guess, then none; clipping never binding: all kept.
+              CHECK(on.kept == (clip < 1 ? 0 : kSteps));
+              CHECK(on.dropped == (clip < 1 ? 1 : 0));
+            } else {
+              // The first step overflows: guessed and dropped. After a skipped or clipped step
+              // the next is not guessed; after a clean one it is again.
+              CHECK(on.skipped > 0);
+              CHECK(on.skipped < kSteps);
+              CHECK(on.dropped >= 1);
+              CHECK((clip < 1 ? on.kept == 0 : on.kept > 0));
+            }
+            if (type == ScalarType::bf16 && clip < 1) {  // and with the speculation off
+              o.speculative_host_step = false;
+              const Run plain = train(o, true, param);
+              CHECK(plain.losses == off.losses);
+              CHECK(plain.params == off.params);
+              CHECK(plain.kept + plain.dropped == 0);
+            }
+          }
 }
 
 TEST_CASE("offload: the ledger shows the state on the host, and 2 bytes per parameter each way") {
@@ -122,7 +161,7 @@ TEST_CASE("offload: the ledger shows the state on the host, and 2 bytes per para
       CHECK(snap.at(MemSpace::host, MemCategory::optimizer_states).current == h.optimizer);
       // The ZeRO-Offload split: 12 bytes of fp32 state per parameter on the host, per rank 1/N.
       const size_t shard = static_cast<size_t>(engine.partition().shard_numel_total());
-      CHECK(h.master + h.optimizer == 12 * shard);
+      CHECK(h.master + h.optimizer == 2 * 12 * shard);  // the speculative step's second bank
 
       // One step moves each rank's gradient shard down and its updated parameter shard up, in
       // bf16: 2 bytes per parameter of the shard each way. With offload_param the updated shards

@@ -434,6 +434,37 @@ TEST_CASE("host_adam: SIMD paths, thread counts and sub-ranges give the same bit
     }
 }
 
+TEST_CASE("host_adam: step_into is step out of place, its inputs untouched") {
+  const size_t n = 300007;
+  for (HostAdam::Simd simd : simd_paths())
+    for (DType gdt : {DType::f32, DType::bf16}) {
+      CAPTURE(to_string(simd), to_string(gdt));
+      AdamParams hp;
+      hp.weight_decay = 0.01f;
+      const AdamStep st = step_number(5, 0.5f);
+      const Grads g = make_grads(gdt, n, 7);
+      const State start = make_state(n);
+      HostAdam adam(2, simd);
+      State want = start;
+      adam.step(hp, st, want.p.data(), want.m.data(), want.v.data(), g.data(), gdt, n,
+                want.copy.data(), DType::bf16);
+      // Into a second state at a different alignment (offset by 3 elements), from the first.
+      const State in = start;
+      std::vector<float> p(n + 3), m(n + 3), v(n + 3);
+      std::vector<uint16_t> copy(n, 0);
+      adam.step_into(hp, st, in.p.data(), in.m.data(), in.v.data(), p.data() + 3, m.data() + 3,
+                     v.data() + 3, g.data(), gdt, n, copy.data(), DType::bf16);
+      for (size_t i = 0; i < n; ++i) {
+        REQUIRE_AT(same(p[i + 3], want.p[i]) && same(m[i + 3], want.m[i]) &&
+                       same(v[i + 3], want.v[i]) && copy[i] == want.copy[i],
+                   i);
+        REQUIRE_AT(same(in.p[i], start.p[i]) && same(in.m[i], start.m[i]) &&
+                       same(in.v[i], start.v[i]),
+                   i);
+      }
+    }
+}
+
 TEST_CASE("host_adam: odd lengths and misaligned starts") {
   const std::vector<HostAdam::Simd> paths = simd_paths();
   for (size_t n : {size_t{1}, size_t{7}, size_t{15}, size_t{17}, size_t{1000003}})
