@@ -9,10 +9,22 @@
 #include <map>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
 #include "optim/clip.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
 #include "optim/host_adam.hpp"
 
 namespace zero {
+
+// This rank's pieces in the checkpoint's terms, with where each lives: group g, offset within
+// the group's owned range. Stage 0 saves from rank 0 only (every rank holds everything); every
+// rank loads everything.
+struct EnginePieces {
+  std::vector<checkpoint::Piece> pieces;
+  std::vector<std::pair<int, Partition::Piece>> where;
+  int64_t total = 0;
+};
 
 struct Engine::State {
   State(Model& m, Device& d, Stream& c, coll::Communicator& k, EngineOptions opt)
@@ -276,6 +288,7 @@ struct Engine::State {
   ~State() { quiesce(); }
   double micro_batch(const Batch& batch, float seed_scale, int mb);
   StepStats boundary(double loss);
+  EnginePieces checkpoint_pieces(bool saving) const;
 
   // The AdamStep of applied step t with a global gradient scale (StepScale::grad_scale), as the
   // boundary computes it: the one place that knows the arithmetic, so that the guess made before
@@ -484,6 +497,7 @@ Engine::Engine(Model& model, Device& device, Stream& compute, coll::Communicator
 Engine::~Engine() = default;
 
 const Partition& Engine::partition() const noexcept { return s_->part; }
+int64_t Engine::steps_taken() const noexcept { return s_->steps; }
 const EngineOptions& Engine::options() const noexcept { return s_->o; }
 
 std::vector<Tensor> Engine::State::views(int unit, bool grads) {
@@ -1118,6 +1132,179 @@ std::string Engine::memory_report() const {
     out += line;
   }
   return out + snap.table();
+}
+
+// ---- checkpoints ----------------------------------------------------------------------------------
+
+namespace {
+
+constexpr const char* kArrays[3] = {"master", "exp_avg", "exp_avg_sq"};
+
+// Agrees on failure across ranks: every rank learns whether any failed and the highest failing
+// rank. A rank that failed rethrows its own error; the others throw one naming that rank.
+void agree(coll::Communicator& comm, const std::string& what, const std::string& error) {
+  float failed = error.empty() ? -1.0f : static_cast<float>(comm.rank());
+  comm.all_reduce(&failed, &failed, 1, DType::f32, coll::ReduceOp::max).wait();
+  if (!error.empty()) ZERO_FAIL(error);
+  if (failed >= 0)
+    ZERO_FAIL(what + ": rank " + std::to_string(static_cast<int>(failed)) +
+              " failed (its error is reported there); nothing was changed here");
+}
+
+}  // namespace
+
+void Engine::save_checkpoint(const std::string& dir, const std::string& tag,
+                             coll::Communicator& host_comm, const std::string& user_metadata) {
+  State& s = *s_;
+  ZERO_REQUIRE(host_comm.kind() == DeviceKind::cpu && host_comm.size() == s.world,
+               "save_checkpoint: host_comm must be a cpu communicator over the engine's " +
+                   std::to_string(s.world) + " ranks");
+  // Nothing in flight may write what is read: the step-end all-gathers (in place over the
+  // owned range) and the host threads.
+  for (coll::Work& w : s.gathering) w.wait();
+  if (s.off) s.sync_host_threads();
+  s.compute.synchronize();
+
+  const EnginePieces ep = s.checkpoint_pieces(true);
+  std::vector<std::vector<float>> data(3, std::vector<float>(static_cast<size_t>(ep.total)));
+  int64_t k = 0;
+  for (const auto& [g, pc] : ep.where) {
+    for (int a = 0; a < 3; ++a) {
+      const float* src = s.state(g, a);
+      if (src) {
+        src += pc.shard_offset;
+      } else {  // fp32 without offload: the working parameters are the master
+        src = reinterpret_cast<const float*>(s.at(s.work[static_cast<size_t>(g)], s.work_owned_begin(g) + pc.shard_offset, 4));
+      }
+      std::memcpy(data[static_cast<size_t>(a)].data() + k, src, static_cast<size_t>(pc.count) * 4);
+    }
+    k += pc.count;
+  }
+  nlohmann::json meta;
+  nlohmann::json engine = {{"steps", s.steps},
+                           {"applied_steps", s.applied},
+                           {"stage", s.o.stage},
+                           {"world_size", s.world},
+                           {"param_type", to_string(s.dtype)},
+                           {"loss_scaler", nullptr}};
+  if (s.scaler) {
+    const optim::LossScalerState ls = s.scaler->state();
+    engine["loss_scaler"] = {{"scale", ls.scale},
+                             {"cur_iter", ls.cur_iter},
+                             {"last_overflow_iter", ls.last_overflow_iter},
+                             {"cur_hysteresis", ls.cur_hysteresis},
+                             {"skipped_steps", ls.skipped_steps}};
+  }
+  meta["engine"] = std::move(engine);
+  std::string user_error;
+  try {
+    meta["user"] = nlohmann::json::parse(user_metadata);
+  } catch (const std::exception& e) {
+    user_error = std::string("save_checkpoint: user_metadata is not JSON: ") + e.what();
+  }
+  agree(host_comm, "save_checkpoint", user_error);
+  const std::string text = meta.dump();
+
+  const std::vector<checkpoint::ParamInfo> table = checkpoint::param_table(s.model);
+  const std::vector<checkpoint::ConstArray> arrays = {{kArrays[0], data[0].data()},
+                                                      {kArrays[1], data[1].data()},
+                                                      {kArrays[2], data[2].data()}};
+  checkpoint::SaveRequest req;
+  req.params = table;
+  req.pieces = ep.pieces;
+  req.arrays = arrays;
+  req.metadata = text;
+  checkpoint::save(dir, tag, host_comm, req);
+}
+
+std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag,
+                                    coll::Communicator& host_comm) {
+  State& s = *s_;
+  ZERO_REQUIRE(host_comm.kind() == DeviceKind::cpu && host_comm.size() == s.world,
+               "load_checkpoint: host_comm must be a cpu communicator over the engine's " +
+                   std::to_string(s.world) + " ranks");
+  const EnginePieces ep = s.checkpoint_pieces(false);
+  std::vector<std::vector<float>> data(3, std::vector<float>(static_cast<size_t>(ep.total)));
+  const std::vector<checkpoint::ParamInfo> table = checkpoint::param_table(s.model);
+  const std::vector<checkpoint::Array> arrays = {{kArrays[0], data[0].data()},
+                                                 {kArrays[1], data[1].data()},
+                                                 {kArrays[2], data[2].data()}};
+  nlohmann::json meta;
+  std::string error;
+  try {
+    checkpoint::LoadRequest req;
+    req.params = table;
+    req.pieces = ep.pieces;
+    req.arrays = arrays;
+    const checkpoint::LoadResult r = checkpoint::load(dir, tag, req);
+    meta = nlohmann::json::parse(r.metadata);
+    const nlohmann::json& e = meta.at("engine");
+    (void)e.at("steps").get<int64_t>();
+    (void)e.at("applied_steps").get<int64_t>();
+  } catch (const Error& e) {
+    error = e.message();
+  } catch (const std::exception& e) {
+    error = "checkpoint " + dir + "/" + tag + ": its metadata has no engine counters (" + e.what() +
+            "): it was not written by Engine::save_checkpoint";
+  }
+  agree(host_comm, "load_checkpoint " + dir + "/" + tag, error);
+
+  // From here on nothing can fail but communication. Nothing in flight may touch the state.
+  for (coll::Work& w : s.gathering) w.wait();
+  if (s.off) s.sync_host_threads();
+  if (s.o.stage == 3) s.release_all();  // gathered copies of the old shards
+  s.compute.synchronize();
+  std::fill(s.bank.begin(), s.bank.end(), 0);
+  int64_t k = 0;
+  for (const auto& [g, pc] : ep.where) {
+    const size_t gi = static_cast<size_t>(g);
+    const size_t n = static_cast<size_t>(pc.count);
+    for (int a = 0; a < 3; ++a)
+      if (float* dst = s.state(g, a)) std::memcpy(dst + pc.shard_offset, data[static_cast<size_t>(a)].data() + k, n * 4);
+    // The working copy: the master rounded to the parameter type, where this rank keeps it.
+    unsigned char* working =
+        s.whole[gi] ? s.at(s.work[gi], s.work_owned_begin(g) + pc.shard_offset, s.esize())
+                    : static_cast<unsigned char*>(s.shard_data(g)) + static_cast<size_t>(pc.shard_offset) * s.esize();
+    store(working, s.dtype, data[0].data() + k, pc.count);
+    k += pc.count;
+  }
+  // Whole groups: every rank wrote its shard; gather them (stage 0: every rank wrote all).
+  for (int g = 0; g < s.part.group_count() && s.o.stage >= 1; ++g) {
+    const size_t gi = static_cast<size_t>(g);
+    if (!s.whole[gi]) continue;
+    s.comm.all_gather(s.at(s.work[gi], s.owned_begin[gi], s.esize()), s.work[gi].data(),
+                      static_cast<size_t>(s.part.group(g).shard_numel), s.dtype).wait();
+  }
+  const nlohmann::json& e = meta.at("engine");
+  s.steps = e.at("steps").get<int64_t>();
+  s.applied = e.at("applied_steps").get<int64_t>();
+  s.guess_next = true;
+  if (s.scaler && e.contains("loss_scaler") && e["loss_scaler"].is_object()) {
+    const nlohmann::json& l = e["loss_scaler"];
+    optim::LossScalerState ls;
+    ls.scale = l.at("scale").get<double>();
+    ls.cur_iter = l.at("cur_iter").get<int64_t>();
+    ls.last_overflow_iter = l.at("last_overflow_iter").get<int64_t>();
+    ls.cur_hysteresis = l.at("cur_hysteresis").get<int>();
+    ls.skipped_steps = l.at("skipped_steps").get<int64_t>();
+    s.scaler->restore(ls);
+  }
+  if (s.o.stage == 3) s.prefetch(0);
+  return meta.contains("user") ? meta["user"].dump() : "{}";
+}
+
+EnginePieces Engine::State::checkpoint_pieces(bool saving) const {
+  const State& s = *this;
+  EnginePieces ep;
+  if (saving && s.o.stage == 0 && s.rank != 0) return ep;
+  for (int g = 0; g < s.part.group_count(); ++g)
+    for (const Partition::Piece& pc : s.owned_pieces(g)) {
+      if (pc.count <= 0) continue;
+      ep.pieces.push_back({pc.param, pc.param_offset, pc.count});
+      ep.where.emplace_back(g, pc);
+      ep.total += pc.count;
+    }
+  return ep;
 }
 
 }  // namespace zero

@@ -199,6 +199,28 @@ class Engine {
   // Rank 0's start-up report: the formula line and the device's ledger table.
   std::string memory_report() const;
 
+  // Checkpoints (runtime/checkpoint; docs/checkpoint-format.md). Collective over `host_comm`, a
+  // cpu (MPI) communicator over the same ranks as the engine's (on the cpu backend the engine's
+  // own). Call between steps.
+  //
+  // save_checkpoint writes dir/tag: per parameter element, the fp32 master (the working
+  // parameters themselves when they are fp32 without offload), Adam's exp_avg and exp_avg_sq, as
+  // pieces of the rank that owns them (stage 0: rank 0 writes all); the manifest's metadata holds
+  // the engine's counters (steps, applied steps, which drive Adam's t and the LR schedule), the
+  // loss scaler's state, and `user_metadata` (a JSON object: the caller's data position etc.).
+  // Atomic: a crash at any point leaves the previous checkpoints of dir loadable.
+  //
+  // load_checkpoint restores all of that from dir/tag, saved at any world size and stage (the
+  // checkpoint re-slices to this partition); the working parameters become the master rounded
+  // to the parameter type, exactly what the step that saved had. Returns user_metadata. Throws
+  // zero::Error on every rank when any rank fails (a missing, incomplete or corrupt checkpoint,
+  // another model), naming the file and the failing rank; the engine is unchanged then.
+  void save_checkpoint(const std::string& dir, const std::string& tag, coll::Communicator& host_comm,
+                       const std::string& user_metadata = "{}");
+  std::string load_checkpoint(const std::string& dir, const std::string& tag,
+                              coll::Communicator& host_comm);
+  int64_t steps_taken() const noexcept;    // optimizer steps so far (skipped ones included)
+
   const Partition& partition() const noexcept;
   const EngineOptions& options() const noexcept;
 
