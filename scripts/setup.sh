@@ -17,6 +17,7 @@ packages=(
   libtbb-dev                          # oneTBB: host thread pools (AdamW, cpu kernels)
   nlohmann-json3-dev                  # ds_config.json parsing
   libopenblas-dev                     # CPU BLAS for the cpu backend
+  python3                             # test scripts: metrics comparison, a safetensors reader
 )
 backport_packages=(libcatch2-dev)     # Catch2 v3 (bookworm main has only v2)
 

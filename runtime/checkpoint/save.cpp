@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <random>
@@ -216,6 +219,26 @@ void commit_save(const std::string& dir, const std::string& tag, int world_size,
   io::write_file_atomic(join(dir, kLatestName), tag + "\n", "checkpoint latest file");
 }
 
+namespace {
+
+// Fault injection for the crash-safety tests (docs/checkpoint-format.md): with
+// ZERO_FAULT_KILL_DURING_SAVE=R:K in the environment, rank R kills itself with SIGKILL in its
+// K-th save() of the process (1-based), right after writing its rank file, before the commit.
+void fault_point(int rank) {
+  static int saves = 0;
+  ++saves;
+  const char* spec = std::getenv("ZERO_FAULT_KILL_DURING_SAVE");
+  if (!spec) return;
+  int r = -1, k = -1;
+  if (std::sscanf(spec, "%d:%d", &r, &k) == 2 && r == rank && k == saves) {
+    std::fprintf(stderr, "ZERO_FAULT_KILL_DURING_SAVE: rank %d kills itself during save %d\n", rank, k);
+    std::fflush(stderr);
+    std::raise(SIGKILL);
+  }
+}
+
+}  // namespace
+
 void save(const std::string& dir, const std::string& tag, coll::Communicator& comm,
           const SaveRequest& request) {
   ZERO_REQUIRE(comm.kind() == DeviceKind::cpu,
@@ -286,6 +309,7 @@ void save(const std::string& dir, const std::string& tag, coll::Communicator& co
     failure = std::current_exception();
     wrote[0] = 1.0f;
   }
+  fault_point(rank);
   const std::vector<float> written = gather(comm, wrote);
   if (const int bad = first_failed(written, 1); bad >= 0) {
     if (rank == 0) {

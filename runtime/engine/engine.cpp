@@ -289,6 +289,7 @@ struct Engine::State {
   double micro_batch(const Batch& batch, float seed_scale, int mb);
   StepStats boundary(double loss);
   EnginePieces checkpoint_pieces(bool saving) const;
+  void install(const EnginePieces& ep, const float* master_vals, const float* m_vals, const float* v_vals);
 
   // The AdamStep of applied step t with a global gradient scale (StepScale::grad_scale), as the
   // boundary computes it: the one place that knows the arithmetic, so that the guess made before
@@ -1231,6 +1232,8 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
                                                  {kArrays[2], data[2].data()}};
   nlohmann::json meta;
   std::string error;
+  int64_t steps = 0, applied = 0;
+  std::optional<optim::LossScalerState> scaler_state;
   try {
     checkpoint::LoadRequest req;
     req.params = table;
@@ -1239,8 +1242,18 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
     const checkpoint::LoadResult r = checkpoint::load(dir, tag, req);
     meta = nlohmann::json::parse(r.metadata);
     const nlohmann::json& e = meta.at("engine");
-    (void)e.at("steps").get<int64_t>();
-    (void)e.at("applied_steps").get<int64_t>();
+    steps = e.at("steps").get<int64_t>();
+    applied = e.at("applied_steps").get<int64_t>();
+    if (e.contains("loss_scaler") && e["loss_scaler"].is_object()) {
+      const nlohmann::json& l = e["loss_scaler"];
+      optim::LossScalerState ls;
+      ls.scale = l.at("scale").get<double>();
+      ls.cur_iter = l.at("cur_iter").get<int64_t>();
+      ls.last_overflow_iter = l.at("last_overflow_iter").get<int64_t>();
+      ls.cur_hysteresis = l.at("cur_hysteresis").get<int>();
+      ls.skipped_steps = l.at("skipped_steps").get<int64_t>();
+      scaler_state = ls;
+    }
   } catch (const Error& e) {
     error = e.message();
   } catch (const std::exception& e) {
@@ -1249,48 +1262,101 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
   }
   agree(host_comm, "load_checkpoint " + dir + "/" + tag, error);
 
-  // From here on nothing can fail but communication. Nothing in flight may touch the state.
-  for (coll::Work& w : s.gathering) w.wait();
-  if (s.off) s.sync_host_threads();
-  if (s.o.stage == 3) s.release_all();  // gathered copies of the old shards
-  s.compute.synchronize();
-  std::fill(s.bank.begin(), s.bank.end(), 0);
+  s.install(ep, data[0].data(), data[1].data(), data[2].data());
+  s.steps = steps;
+  s.applied = applied;
+  if (s.scaler && scaler_state) s.scaler->restore(*scaler_state);
+  return meta.contains("user") ? meta["user"].dump() : "{}";
+}
+
+// Writes new state for this rank's pieces (master; m and v, or zeros when null), the working
+// copies from the master, and gathers the whole groups. Nothing may fail here but communication.
+void Engine::State::install(const EnginePieces& ep, const float* master_vals, const float* m_vals,
+                            const float* v_vals) {
+  for (coll::Work& w : gathering) w.wait();
+  if (off) sync_host_threads();
+  if (o.stage == 3) release_all();  // gathered copies of the old shards
+  compute.synchronize();
+  std::fill(bank.begin(), bank.end(), 0);
   int64_t k = 0;
   for (const auto& [g, pc] : ep.where) {
     const size_t gi = static_cast<size_t>(g);
     const size_t n = static_cast<size_t>(pc.count);
+    const float* src[3] = {master_vals + k, m_vals ? m_vals + k : nullptr, v_vals ? v_vals + k : nullptr};
     for (int a = 0; a < 3; ++a)
-      if (float* dst = s.state(g, a)) std::memcpy(dst + pc.shard_offset, data[static_cast<size_t>(a)].data() + k, n * 4);
+      if (float* dst = state(g, a)) {
+        if (src[a]) std::memcpy(dst + pc.shard_offset, src[a], n * 4);
+        else std::memset(dst + pc.shard_offset, 0, n * 4);
+      }
     // The working copy: the master rounded to the parameter type, where this rank keeps it.
     unsigned char* working =
-        s.whole[gi] ? s.at(s.work[gi], s.work_owned_begin(g) + pc.shard_offset, s.esize())
-                    : static_cast<unsigned char*>(s.shard_data(g)) + static_cast<size_t>(pc.shard_offset) * s.esize();
-    store(working, s.dtype, data[0].data() + k, pc.count);
+        whole[gi] ? at(work[gi], work_owned_begin(g) + pc.shard_offset, esize())
+                  : static_cast<unsigned char*>(shard_data(g)) + static_cast<size_t>(pc.shard_offset) * esize();
+    store(working, dtype, master_vals + k, pc.count);
     k += pc.count;
   }
   // Whole groups: every rank wrote its shard; gather them (stage 0: every rank wrote all).
-  for (int g = 0; g < s.part.group_count() && s.o.stage >= 1; ++g) {
+  for (int g = 0; g < part.group_count() && o.stage >= 1; ++g) {
     const size_t gi = static_cast<size_t>(g);
-    if (!s.whole[gi]) continue;
-    s.comm.all_gather(s.at(s.work[gi], s.owned_begin[gi], s.esize()), s.work[gi].data(),
-                      static_cast<size_t>(s.part.group(g).shard_numel), s.dtype).wait();
+    if (!whole[gi]) continue;
+    comm.all_gather(at(work[gi], owned_begin[gi], esize()), work[gi].data(),
+                    static_cast<size_t>(part.group(g).shard_numel), dtype).wait();
   }
-  const nlohmann::json& e = meta.at("engine");
-  s.steps = e.at("steps").get<int64_t>();
-  s.applied = e.at("applied_steps").get<int64_t>();
-  s.guess_next = true;
-  if (s.scaler && e.contains("loss_scaler") && e["loss_scaler"].is_object()) {
-    const nlohmann::json& l = e["loss_scaler"];
-    optim::LossScalerState ls;
-    ls.scale = l.at("scale").get<double>();
-    ls.cur_iter = l.at("cur_iter").get<int64_t>();
-    ls.last_overflow_iter = l.at("last_overflow_iter").get<int64_t>();
-    ls.cur_hysteresis = l.at("cur_hysteresis").get<int>();
-    ls.skipped_steps = l.at("skipped_steps").get<int64_t>();
-    s.scaler->restore(ls);
+  guess_next = true;
+  if (o.stage == 3) prefetch(0);
+}
+
+void Engine::set_parameters(const std::vector<std::vector<float>>& values) {
+  State& s = *s_;
+  ZERO_REQUIRE(values.size() == s.model.params.size(),
+               "set_parameters: " + std::to_string(values.size()) + " arrays for a model of " +
+                   std::to_string(s.model.params.size()) + " parameters");
+  for (size_t p = 0; p < values.size(); ++p)
+    ZERO_REQUIRE(static_cast<int64_t>(values[p].size()) == s.part.location(static_cast<int>(p)).numel,
+                 "set_parameters: parameter " + s.model.params[p].name + " has " +
+                     std::to_string(s.part.location(static_cast<int>(p)).numel) + " elements, got " +
+                     std::to_string(values[p].size()));
+  const EnginePieces ep = s.checkpoint_pieces(false);
+  std::vector<float> master(static_cast<size_t>(ep.total));
+  int64_t k = 0;
+  for (const auto& [g, pc] : ep.where) {
+    std::memcpy(master.data() + k, values[static_cast<size_t>(pc.param)].data() + pc.param_offset,
+                static_cast<size_t>(pc.count) * 4);
+    k += pc.count;
   }
-  if (s.o.stage == 3) s.prefetch(0);
-  return meta.contains("user") ? meta["user"].dump() : "{}";
+  s.install(ep, master.data(), nullptr, nullptr);
+}
+
+double Engine::evaluate(const Batch& batch) {
+  State& s = *s_;
+  try {
+    const size_t U = s.model.units.size();
+    std::vector<UnitContext> ctx(U);
+    Tensor prev;
+    if (s.o.stage == 3) s.release_all();  // gathered on demand below, one Unit at a time
+    for (size_t u = 0; u < U; ++u) {
+      UnitContext& c = ctx[u];
+      s.use(static_cast<int>(u));
+      c.batch = &batch;
+      c.input = prev;
+      c.checkpoint = true;  // keep no activations for a backward that never comes
+      c.params = s.views(static_cast<int>(u), false);
+      s.model.units[u]->forward(c);
+      c.params.clear();
+      prev = c.output;
+      if (s.o.stage == 3) s.release_all(); else s.compute_point()->synchronize();
+    }
+    double loss64 = 0;
+    float loss32 = 0;
+    const bool f64 = ctx.back().loss.type() == ScalarType::f64;
+    copy_to_host(s.dev, s.compute, f64 ? static_cast<void*>(&loss64) : static_cast<void*>(&loss32), ctx.back().loss);
+    s.compute.synchronize();
+    if (s.o.stage == 3) s.prefetch(0);  // the next step's first groups again
+    return f64 ? loss64 : loss32;
+  } catch (...) {
+    s.quiesce();
+    throw;
+  }
 }
 
 EnginePieces Engine::State::checkpoint_pieces(bool saving) const {

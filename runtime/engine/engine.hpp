@@ -221,6 +221,16 @@ class Engine {
                               coll::Communicator& host_comm);
   int64_t steps_taken() const noexcept;    // optimizer steps so far (skipped ones included)
 
+  // Replaces every parameter's value (values[p]: parameter p, whole, row-major, as
+  // checkpoint::import_safetensors returns them): the fp32 master and the working copy; Adam's
+  // moments start at zero again. Collective; between steps.
+  void set_parameters(const std::vector<std::vector<float>>& values);
+
+  // The mean loss of `batch` under the current parameters: forward only, nothing changes
+  // (evaluation on held-out data). Collective at stage 3 (the Units' groups are gathered);
+  // between steps.
+  double evaluate(const Batch& batch);
+
   const Partition& partition() const noexcept;
   const EngineOptions& options() const noexcept;
 
