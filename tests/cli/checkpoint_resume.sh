@@ -26,6 +26,11 @@ export OPENBLAS_NUM_THREADS=1
 echo "== 1. uninterrupted, 20 steps on 2 ranks"
 "${mpirun[@]}" -np 2 "$zt" --config "$cfg2" --metrics m0.jsonl > run0.log 2>&1 || { cat run0.log; fail "the reference run failed"; }
 
+echo "== 1. held-out evaluation every 5 steps changes no loss"
+"${mpirun[@]}" -np 2 "$zt" --config "$cfg2" --eval-interval 5 --metrics me.jsonl > rune.log 2>&1 || { cat rune.log; fail "the run with evaluation failed"; }
+grep -q "eval step 20 | held-out loss" rune.log || { cat rune.log; fail "no evaluation at step 20"; }
+"${py[@]}" "$src/tests/cli/compare_losses.py" m0.jsonl me.jsonl 1 20 0
+
 echo "== 1. killed on rank 1 during the third save (step 15)"
 set +e
 "${mpirun[@]}" -np 2 -x ZERO_FAULT_KILL_DURING_SAVE=1:3 "$zt" --config "$cfg2" --checkpoint-dir ck \
