@@ -3,7 +3,8 @@
 #
 # The default job (configs/default.json): the tiny GPT learns 2-digit addition on 2 MPI ranks of
 # the cpu backend with ZeRO stage 2 and the optimizer offloaded to host memory; rank 0 prints the
-# model state per rank, the memory ledger, and the loss falling every 10 steps (~20 s on 2 cores).
+# model state per rank, the memory ledger, the loss falling every 10 steps and the held-out loss
+# every 100 (~20 s on 2 cores); per-step metrics go to build/default-job-metrics.jsonl.
 # A config given as the first argument replaces the default.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -15,4 +16,4 @@ mpirun_flags=(--oversubscribe -x OPENBLAS_NUM_THREADS=1)
 [ "$(id -u)" -eq 0 ] && mpirun_flags+=(--allow-run-as-root)
 
 echo "== mpirun -np 2 zero-train --config $config"
-mpirun "${mpirun_flags[@]}" -np 2 "$build/zero-train" --config "$config"
+mpirun "${mpirun_flags[@]}" -np 2 "$build/zero-train" --config "$config" --eval-interval 100 --metrics "$build/default-job-metrics.jsonl"
