@@ -43,6 +43,7 @@
 #include "runtime/config/config.hpp"
 #include "runtime/core/log.hpp"
 #include "runtime/core/mpi_check.hpp"
+#include "runtime/core/peak_flops.hpp"
 #include "runtime/core/world.hpp"
 #include "runtime/engine/engine.hpp"
 #include "runtime/engine/from_config.hpp"
@@ -538,9 +539,19 @@ int train(zero::World& world, const Flags& flags) {
   const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
   const bool bar = world.is_root() && (flags.progress == "on" ||
                                        (flags.progress == "auto" && ::isatty(STDOUT_FILENO) && !launched));
-  // Model FLOPs per token (models::gpt_flops_per_token: 6 x the matmul parameters + attention).
+  // Model FLOPs per token (models::gpt_flops_per_token: 6 x the matmul parameters + attention,
+  // i.e. forward 2 and backward 4 FLOPs per parameter per token; recomputation by activation
+  // checkpointing is not counted, as MFU is defined). MFU = model FLOP/s / the device's dense
+  // 16-bit peak (runtime/core/peak_flops.hpp), on a GPU whose peak we know.
   const double flops_per_token = models::gpt_flops_per_token(shape);
+  const std::optional<double> peak = peak_dense_16bit_flops(device->name());
 
+  auto mfu_text = [&](double flops_per_s) {
+    if (!peak) return std::string();
+    char b[32];
+    std::snprintf(b, sizeof b, " (MFU %.1f%%)", 100.0 * flops_per_s / *peak);
+    return std::string(b);
+  };
   auto to_device = [&](const models::data::TokenBatch& tb) {
     Batch b;
     b.inputs = Tensor::empty(*device, Shape{tb.rows, tb.cols}, ScalarType::i32, MemCategory::activations);
@@ -611,6 +622,7 @@ int train(zero::World& world, const Flags& flags) {
                           {"applied", st.applied},
                           {"tokens_per_s", tokens / dt_step},
                           {"model_flops_per_s", tokens * flops_per_token / dt_step},
+                          {"mfu", peak ? nlohmann::json(tokens * flops_per_token / dt_step / *peak) : nlohmann::json()},
                           {"step_time_s", dt_step},
                           {"device_bytes", snap.total[0].current},
                           {"host_bytes", snap.total[1].current}};
@@ -644,10 +656,10 @@ int train(zero::World& world, const Flags& flags) {
       const double t = now_seconds(), dt = (t - t_last) / static_cast<double>(since);
       std::snprintf(line, sizeof line,
                     "step %lld/%lld | loss %.4f | lr %.3g | grad norm %.3g | loss scale %g%s | "
-                    "%.0f tokens/s | %.3g GFLOP/s | %.3f s/step | device %s | host %s",
+                    "%.0f tokens/s | %.3g GFLOP/s%s | %.3f s/step | device %s | host %s",
                     step, steps, loss, static_cast<double>(st.lr), static_cast<double>(st.grad_norm),
                     st.loss_scale, st.applied ? "" : " (skipped: overflow)", tokens / dt,
-                    tokens * flops_per_token / dt * 1e-9, dt,
+                    tokens * flops_per_token / dt * 1e-9, mfu_text(tokens * flops_per_token / dt).c_str(), dt,
                     format_bytes(snap.total[0].current).c_str(), format_bytes(snap.total[1].current).c_str());
       log::info(line);
       if (o.timers) {
