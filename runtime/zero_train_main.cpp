@@ -462,6 +462,26 @@ int train(zero::World& world, const Flags& flags) {
   log::info(line);
   log::info(budget.explanation);
   log::info(engine->memory_report());
+  {
+    // Every rank's model state and memory in use (shards differ by rank when the model does
+    // not divide evenly, and stage 0 saves from rank 0 alone): one row per rank.
+    const LedgerSnapshot snap = device->ledger().snapshot();
+    const double mine[4] = {static_cast<double>(snap.total[0].current), static_cast<double>(snap.total[0].peak),
+                            static_cast<double>(snap.total[1].current), static_cast<double>(snap.total[1].peak)};
+    std::vector<double> all(static_cast<size_t>(4 * W));
+    ZERO_CHECK_MPI(MPI_Gather(mine, 4, MPI_DOUBLE, all.data(), 4, MPI_DOUBLE, 0, world.comm()));
+    if (world.is_root() && W > 1) {
+      std::string t = "memory per rank (ledger totals)\n  rank   device now  device peak     host now    host peak\n";
+      for (int r = 0; r < W; ++r) {
+        std::snprintf(line, sizeof line, "  %4d %12s %12s %12s %12s\n", r,
+                      format_bytes(static_cast<size_t>(all[4 * r])).c_str(), format_bytes(static_cast<size_t>(all[4 * r + 1])).c_str(),
+                      format_bytes(static_cast<size_t>(all[4 * r + 2])).c_str(), format_bytes(static_cast<size_t>(all[4 * r + 3])).c_str());
+        t += line;
+      }
+      t.pop_back();
+      log::info(t);
+    }
+  }
 
   // Where the run starts: a checkpoint (exact resume), a safetensors file, or the seed.
   long long first_step = 1;
