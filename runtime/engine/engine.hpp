@@ -162,8 +162,9 @@ class Engine {
   // paper's formula evaluated for the padded parameter count Psi_p (a multiple of the world size),
   // stage, world size N and dtype (e bytes):
   //   parameters  e Psi_p (stage 0-2), e Psi_p / N (stage 3)
-  //   gradients   e Psi_p (stage 0-1), at stage 2-3 a shard: e Psi_p / N with one micro-batch per
-  //               step, 4 Psi_p / N (fp32 accumulator) with accumulation
+  //   gradients   e Psi_p (stage 0-1; + 4 Psi_p, the fp32 sum of the micro-batches, with 16-bit
+  //               parameters and accumulation), at stage 2-3 a shard: e Psi_p / N with one
+  //               micro-batch per step, 4 Psi_p / N (fp32 accumulator) with accumulation
   //   master      4 Psi_p (stage 0) or 4 Psi_p / N; none with fp32 parameters (e = 4: the
   //               parameters are the master copy)
   //   optimizer   8 Psi_p (stage 0) or 8 Psi_p / N   (Adam m and v)

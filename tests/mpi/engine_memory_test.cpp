@@ -90,8 +90,11 @@ TEST_CASE("engine memory: the ledger holds the ZeRO formula's bytes at every sta
         const double psi = static_cast<double>(model.parameter_count());
         const double e = size_of(type), acc = ga > 1 ? 4 : e;
         const double opt = type == ScalarType::f32 ? 8 : 12;  // master + m + v (fp32: m + v)
-        const double formula = stage == 0   ? (2 * e + opt) * psi
-                               : stage == 1 ? 2 * e * psi + opt * psi / N
+        // Stage 0/1 with 16-bit parameters and accumulation also keep the fp32 sum of the
+        // micro-batches' gradients (4 Psi), as DeepSpeed's bf16 optimizer does.
+        const double sum01 = (ga > 1 && type != ScalarType::f32) ? 4 : 0;
+        const double formula = stage == 0   ? (2 * e + sum01 + opt) * psi
+                               : stage == 1 ? (2 * e + sum01) * psi + opt * psi / N
                                : stage == 2 ? e * psi + (acc + opt) * psi / N
                                             : (e + acc + opt) * psi / N + e * persistent;
         CHECK(static_cast<double>(state_bytes(at_start)) >= formula);
