@@ -803,8 +803,9 @@ void Engine::State::adam_group(int g, const optim::AdamStep& as, const optim::Ad
 // this as a kernel on the compute stream).
 void Engine::State::fold_group(int g, bool last) {
   const size_t gi = static_cast<size_t>(g);
-  compute_point()->synchronize();
   Tensor& full = grad_full[gi];
+  if (!full || full.numel() == 0) return;  // a group without parameters
+  compute_point()->synchronize();
   float* sum = grad_sum01[gi].data_as<float>();
   const size_t n = static_cast<size_t>(full.numel());
   std::vector<float> widened(n);

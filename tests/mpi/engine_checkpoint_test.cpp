@@ -209,6 +209,34 @@ TEST_CASE("engine checkpoint: resume on another world size and another stage") {
   CHECK(third.params() == whole.params());
 }
 
+// evaluate() is the step's forward without the step: the loss of a batch before a step equals
+// the loss that step reports for it, bitwise, at every stage (and the step after an evaluation
+// is the step without one). set_parameters() of the engine's own values changes nothing.
+TEST_CASE("engine: evaluate is the step's forward; set_parameters round-trips") {
+  for (int stage = 0; stage <= 3; ++stage)
+    for (bool off : {false, true}) {
+      if (off && stage == 0) continue;
+      INFO("stage " << stage << (off ? ", offload" : ""));
+      EngineOptions o = options(stage, ScalarType::bf16, 1);
+      o.offload_optimizer = off;
+      o.offload_param = off && stage == 3;
+      Trainer a(world(), o), b(world(), o);
+      a.run(0, 2);
+      b.run(0, 2);
+      const Batch batch = mlp_batch(*a.dev, 100 + world().rank());
+      const double before = a.engine->evaluate(batch);
+      const StepStats st = a.engine->step([&](int) { return batch; });
+      CHECK(st.loss == before);
+      b.engine->step([&](int) { return mlp_batch(*b.dev, 100 + world().rank()); });
+      CHECK(a.params() == b.params());
+      // set_parameters with the values the engine holds: the same model (Adam restarts).
+      const auto p = a.params();
+      a.engine->set_parameters(p);
+      CHECK(a.params() == p);
+      CHECK(a.engine->evaluate(batch) == b.engine->evaluate(mlp_batch(*b.dev, 100 + world().rank())));
+    }
+}
+
 TEST_CASE("engine checkpoint: bad loads fail on every rank and change nothing") {
   SharedDir dir;
   const EngineOptions o = options(2, ScalarType::bf16, 1);
