@@ -13,6 +13,7 @@
 
 #include "optim/clip.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/core/log.hpp"
 #include "optim/host_adam.hpp"
 
 namespace zero {
@@ -388,10 +389,22 @@ void Engine::State::init_state() {
     P_m = h_m.as<float>();
     P_v = h_v.as<float>();
     if (spec) {
-      h_master2 = host->allocate(owned * 4, MemCategory::master_weights);
-      h_m2 = host->allocate(owned * 4, MemCategory::optimizer_states);
-      h_v2 = host->allocate(owned * 4, MemCategory::optimizer_states);
-      for (offload::HostBuffer* b : {&h_master2, &h_m2, &h_v2}) std::memset(b->data(), 0, b->bytes());
+      // The second bank is a speed-up, not a need: when host memory cannot hold it, the engine
+      // says so and runs the norm-first step instead of failing.
+      try {
+        h_master2 = host->allocate(owned * 4, MemCategory::master_weights);
+        h_m2 = host->allocate(owned * 4, MemCategory::optimizer_states);
+        h_v2 = host->allocate(owned * 4, MemCategory::optimizer_states);
+        for (offload::HostBuffer* b : {&h_master2, &h_m2, &h_v2}) std::memset(b->data(), 0, b->bytes());
+      } catch (const OutOfMemory& e) {
+        h_master2 = offload::HostBuffer();
+        h_m2 = offload::HostBuffer();
+        h_v2 = offload::HostBuffer();
+        spec = false;
+        log::warn("engine: the speculative host step is off: host memory cannot hold its second "
+                    "copy of the optimizer state (" + format_bytes(owned * 12) + " per rank); AdamW "
+                    "runs after backward (norm-first). " + e.message().substr(0, e.message().find('\n')));
+      }
     }
     bank.assign(Gs, 0);
     partial.assign(Gs, 0.0);

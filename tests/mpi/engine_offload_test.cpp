@@ -235,3 +235,66 @@ TEST_CASE("offload: one rank trains a model whose optimizer state alone exceeds 
   const auto [f3, l3] = run(true, true, 5);
   CHECK(l3 < f3);
 }
+
+// The speculative host step's second copy of the optimizer state is a speed-up: when the host
+// memory limit leaves no room for it, the engine warns, runs norm-first, and trains the same.
+TEST_CASE("offload: no room for the speculative step's second bank: norm-first, same training") {
+  coll::Communicator& comm = *test::env().comm;
+  // 4.35M parameters: on up to 4 ranks the state plus half a second bank is more than the copy
+  // engine's 16 MiB of staging, which is allocated (and, unpinned, released) first.
+  const models::GptShape shape{2, 384, 4, 2048, 32};
+  EngineOptions o;
+  o.stage = 2;
+  o.param_type = ScalarType::bf16;
+  o.gradient_clipping = 100.0f;  // never binds: with room, every step would be kept ahead
+  o.offload_optimizer = true;
+  o.pin = offload::PinPolicy::off;
+  struct Out {
+    std::vector<double> losses;
+    int kept = 0;
+    size_t host_peak = 0, host_now = 0, owned = 0;
+  };
+  auto run = [&](bool speculative, size_t host_limit) {
+    DeviceOptions d;
+    d.host_memory_limit = host_limit;
+    auto dev = make_device(DeviceKind::cpu, 0, d);
+    auto stream = dev->create_stream("compute");
+    auto ops = models::make_ops(*dev, *stream);
+    Model model = models::make_gpt({shape, o.param_type, ScalarType::f32}, *ops);
+    EngineOptions oo = o;
+    oo.speculative_host_step = speculative;
+    Engine engine(model, *dev, *stream, comm, oo);
+    Out out;
+    for (int step = 0; step < 4; ++step) {
+      const StepStats st = engine.step([&](int) {
+        Batch b;
+        b.inputs = Tensor::empty(*dev, Shape{2, 32}, ScalarType::i32, MemCategory::activations);
+        b.targets = Tensor::empty(*dev, Shape{2, 32}, ScalarType::i32, MemCategory::activations);
+        for (int i = 0; i < 64; ++i) {
+          b.inputs.data_as<int32_t>()[i] = (step * 7 + comm.rank() * 3 + i * 13) % 2048;
+          b.targets.data_as<int32_t>()[i] = (step * 5 + comm.rank() + i * 11) % 2048;
+        }
+        return b;
+      });
+      out.losses.push_back(st.loss);
+      out.kept += st.speculation == StepStats::Speculation::kept;
+    }
+    out.host_peak = dev->ledger().snapshot().total[1].peak;
+    out.host_now = dev->ledger().snapshot().total[1].current;
+    out.owned = engine.expected_host_state().master / (engine.expected_host_state().master == 0 ? 1 : 4);
+    return out;
+  };
+  const Out plain = run(false, 0);  // norm-first, no second bank
+  const size_t owned = plain.owned;
+  REQUIRE(owned > 0);
+  const Out roomy = run(true, 0);
+  CHECK(roomy.kept == 4);
+  CHECK(roomy.losses == plain.losses);
+  // Room for the norm-first state and half of the second bank (12 bytes per owned element).
+  const size_t tight = plain.host_now + 6 * owned;
+  REQUIRE(tight > plain.host_peak);
+  const Out squeezed = run(true, tight);
+  CHECK(squeezed.kept == 0);
+  CHECK(squeezed.host_peak <= tight);
+  CHECK(squeezed.losses == plain.losses);
+}
