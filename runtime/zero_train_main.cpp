@@ -448,11 +448,11 @@ int train(zero::World& world, const Flags& flags) {
   const long long steps = c.ours.steps;
   char line[1024];
   std::snprintf(line, sizeof line,
-                "zero-train: %s, GPT %s (%d layers, hidden %d, %d heads, vocabulary %d), %lld "
+                "zero-train: %s, GPT%s (%d layers, hidden %d, %d heads, vocabulary %d), %lld "
                 "parameters\nzero-train: %d rank(s) on %s, ZeRO stage %d%s%s, %s, batch %lld = "
                 "%d per rank x %d accumulation x %d ranks, %lld steps, seed %lld\ndata: %s, %d "
                 "tokens per sequence",
-                path.c_str(), c.ours.model_preset.empty() ? "(explicit shape)" : c.ours.model_preset.c_str(),
+                path.c_str(), c.ours.model_preset.empty() ? "" : (" " + c.ours.model_preset).c_str(),
                 shape.n_layer, shape.n_embd, shape.n_head, shape.vocab_size,
                 static_cast<long long>(model.parameter_count()), W, device->name().c_str(), o.stage,
                 o.offload_optimizer ? ", optimizer offloaded to host memory" : "",
@@ -599,18 +599,38 @@ int train(zero::World& world, const Flags& flags) {
     return true;
   };
   auto evaluate = [&](long long step) {
-    double sum = 0;
+    // Held-out loss, and for the addition task exact match: a problem counts when every digit of
+    // its sum is the model's most likely next token (teacher-forced; equal to greedy decoding
+    // for a causal model, see AdditionTask::score).
+    double sum = 0, problems = 0, correct = 0;
+    std::vector<int32_t> predictions;
     for (long long k = 0; k < flags.eval_batches; ++k) {
       const int64_t first = (static_cast<int64_t>(k) * W + world.rank()) * B;
-      sum += engine->evaluate(to_device(data.held_out(first, B)));
+      const models::data::TokenBatch tb = data.held_out(first, B);
+      sum += engine->evaluate(to_device(tb), data.addition ? &predictions : nullptr);
+      if (data.addition) {
+        const models::data::AdditionScore sc = models::data::AdditionTask::score(tb, predictions);
+        problems += static_cast<double>(sc.problems);
+        correct += static_cast<double>(sc.correct);
+      }
     }
-    double loss = sum / static_cast<double>(flags.eval_batches) / W;
-    ZERO_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, world.comm()));
-    std::snprintf(line, sizeof line, "eval step %lld | held-out loss %.4f (%lld sequences)", step, loss,
-                  static_cast<long long>(flags.eval_batches) * B * W);
+    double v[3] = {sum / static_cast<double>(flags.eval_batches) / W, problems, correct};
+    ZERO_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_DOUBLE, MPI_SUM, world.comm()));
+    const double loss = v[0];
+    std::string match;
+    if (data.addition && v[1] > 0) {
+      char b[96];
+      std::snprintf(b, sizeof b, " | exact match %.1f%% of %.0f held-out sums", 100.0 * v[2] / v[1], v[1]);
+      match = b;
+    }
+    std::snprintf(line, sizeof line, "eval step %lld | held-out loss %.4f (%lld sequences)%s", step, loss,
+                  static_cast<long long>(flags.eval_batches) * B * W, match.c_str());
     log::info(line);
     if (metrics) {
-      std::fprintf(metrics, "{\"step\": %lld, \"eval_loss\": %.17g}\n", step, loss);
+      if (data.addition && v[1] > 0)
+        std::fprintf(metrics, "{\"step\": %lld, \"eval_loss\": %.17g, \"eval_exact_match\": %.17g}\n", step, loss, v[2] / v[1]);
+      else
+        std::fprintf(metrics, "{\"step\": %lld, \"eval_loss\": %.17g}\n", step, loss);
       std::fflush(metrics);
     }
   };

@@ -1376,7 +1376,7 @@ void Engine::set_parameters(const std::vector<std::vector<float>>& values) {
   s.install(ep, master.data(), nullptr, nullptr);
 }
 
-double Engine::evaluate(const Batch& batch) {
+double Engine::evaluate(const Batch& batch, std::vector<int32_t>* argmax) {
   State& s = *s_;
   try {
     const size_t U = s.model.units.size();
@@ -1400,6 +1400,29 @@ double Engine::evaluate(const Batch& batch) {
     const bool f64 = ctx.back().loss.type() == ScalarType::f64;
     copy_to_host(s.dev, s.compute, f64 ? static_cast<void*>(&loss64) : static_cast<void*>(&loss32), ctx.back().loss);
     s.compute.synchronize();
+    if (argmax) {
+      const Tensor& out = ctx.back().output;
+      ZERO_REQUIRE(out && out.shape().rank() >= 1 &&
+                       (out.type() == ScalarType::f32 || out.type() == ScalarType::f64),
+                   "evaluate: the model's last Unit gives no fp32/fp64 logits to take the argmax of");
+      const int64_t V = out.shape()[out.shape().rank() - 1];
+      const int64_t rows = out.numel() / V;
+      std::vector<double> logits(static_cast<size_t>(out.numel()));
+      if (out.type() == ScalarType::f64) {
+        copy_to_host(s.dev, s.compute, logits.data(), out);
+      } else {
+        std::vector<float> f(logits.size());
+        copy_to_host(s.dev, s.compute, f.data(), out);
+        s.compute.synchronize();
+        std::copy(f.begin(), f.end(), logits.begin());
+      }
+      s.compute.synchronize();
+      argmax->assign(static_cast<size_t>(rows), 0);
+      for (int64_t r = 0; r < rows; ++r) {
+        const double* row = logits.data() + r * V;
+        (*argmax)[static_cast<size_t>(r)] = static_cast<int32_t>(std::max_element(row, row + V) - row);
+      }
+    }
     if (s.o.stage == 3) s.prefetch(0);  // the next step's first groups again
     return f64 ? loss64 : loss32;
   } catch (...) {

@@ -228,9 +228,10 @@ class Engine {
   void set_parameters(const std::vector<std::vector<float>>& values);
 
   // The mean loss of `batch` under the current parameters: forward only, nothing changes
-  // (evaluation on held-out data). Collective at stage 3 (the Units' groups are gathered);
-  // between steps.
-  double evaluate(const Batch& batch);
+  // (evaluation on held-out data). With `argmax`, also the model's most likely next token at
+  // every position (the last Unit's output read as logits [.., V]; ties to the lower id), for
+  // exact-match scoring. Collective at stage 3 (the Units' groups are gathered); between steps.
+  double evaluate(const Batch& batch, std::vector<int32_t>* argmax = nullptr);
 
   const Partition& partition() const noexcept;
   const EngineOptions& options() const noexcept;
