@@ -54,8 +54,8 @@ struct Engine::State {
   // gradients (what DeepSpeed's bf16 optimizer keeps too). After each Unit's backward its
   // group's 16-bit gradient is added here and zeroed; after the last micro-batch the sum is
   // rounded once into grad_full, which is reduced as before. Without it every micro-batch's
-  // gradient would be added in 16-bit: one rounding per micro-batch (measured: the tiny GPT at
-  // 1.48 after 300 steps at stage 0/1 against 1.19 at stage 2/3, which accumulate in fp32).
+  // gradient would be added in 16-bit: one rounding per micro-batch, which loses the small
+  // contributions (stage 2/3 accumulate their shard in fp32 for the same reason).
   std::vector<Tensor> grad_sum01;
   void fold_group(int g, bool last);
   std::vector<Tensor> grad_tmp;   // stage 2/3: full gradient during one backward, then freed
@@ -777,7 +777,8 @@ const unsigned char* Engine::State::grad_ptr(int g) {
 // parameters) and the working copy: in place on the device, or with offload into h_out (the
 // host shard itself for an offloaded parameter shard). `ahead` (speculative host step): from
 // the current bank into the other one, and the working copy always into h_out, so that nothing
-// a later use reads changes before the step is known to be applied (commit_ahead()).
+// a later use reads changes before the boundary knows the step is applied (it then flips the
+// group's bank and, for an offloaded shard, copies h_out into it).
 void Engine::State::adam_group(int g, const optim::AdamStep& as, const optim::AdamParams& base, bool ahead) {
   const size_t gi = static_cast<size_t>(g);
   optim::AdamParams hp = base;
