@@ -15,6 +15,7 @@
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/core/log.hpp"
 #include "optim/host_adam.hpp"
+#include "runtime/engine/state_kernels.hpp"
 
 namespace zero {
 
@@ -119,6 +120,12 @@ struct Engine::State {
 
   std::vector<bool> checkpoint;
   std::unique_ptr<optim::HostAdam> adam;
+  // The state arithmetic on the compute stream (accumulation, rounding, norms, AdamW of a
+  // device-resident shard): host tasks on cpu, kernels on cuda.
+  std::unique_ptr<StateKernels> kern;
+  // Per group the squared norm of its final gradient (owned range), then one more float: the
+  // scalar the norm's all-reduce runs on when the communicator takes device buffers (NCCL).
+  Tensor norms;
   std::unique_ptr<optim::LossScaler> scaler;
   std::unique_ptr<Event> compute_done;  // hand-offs from the compute stream (see below)
   int64_t steps = 0;    // optimizer steps taken, skipped (fp16 overflow) ones included
@@ -140,6 +147,26 @@ struct Engine::State {
   std::atomic<int64_t> adam_ns{0};  // offload: AdamW time on the host optimizer thread
 
   size_t esize() const { return size_of(dtype); }
+  // A copy between any two buffers this device reaches (device memory, host memory), done when
+  // it returns: a stream-ordered copy on the compute stream, then a wait. For set-up, checkpoints
+  // and parameter reads, never inside a step.
+  void copy_now(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    dev.copy_async(dst, src, bytes, compute);
+    compute.synchronize();
+  }
+  // The same where one side is AdamW's fp32 state (state()) or an offloaded shard: host memory
+  // with offload (a plain memcpy), device memory otherwise.
+  void copy_state(void* dst, const void* src, size_t bytes) {
+    if (off) std::memcpy(dst, src, bytes);
+    else copy_now(dst, src, bytes);
+  }
+  // n fp32 values from the host, rounded to t, into `dst`, now: device memory, or host memory
+  // when `host` (an offloaded parameter shard).
+  void upload_as(void* dst, DType t, const float* vals, int64_t n, bool host = false);
+  // The sum over ranks of each rank's `local` squared norm, as optim::global_grad_norm gives it;
+  // over a device communicator (NCCL) through a device scalar.
+  optim::GlobalNorm global_norm(float local);
   unsigned char* at(const Tensor& t, int64_t elems, size_t elem_size) const {
     return static_cast<unsigned char*>(t.data()) + static_cast<size_t>(elems) * elem_size;
   }
@@ -338,6 +365,27 @@ void store(void* dst, DType t, const float* src, int64_t n) {
 
 }  // namespace
 
+void Engine::State::upload_as(void* dst, DType t, const float* vals, int64_t n, bool host) {
+  if (host) return store(dst, t, vals, n);
+  std::vector<unsigned char> staged(static_cast<size_t>(n) * size_of(t));
+  store(staged.data(), t, vals, n);
+  copy_now(dst, staged.data(), staged.size());
+}
+
+optim::GlobalNorm Engine::State::global_norm(float local) {
+  if (comm.kind() == DeviceKind::cpu) return optim::global_grad_norm(comm, local);
+  float* scalar = norms.data_as<float>() + part.group_count();
+  copy_now(scalar, &local, sizeof local);
+  comm.all_reduce(scalar, scalar, 1, DType::f32, coll::ReduceOp::sum, compute_point()).wait();
+  float sq = 0;
+  copy_now(&sq, scalar, sizeof sq);
+  optim::GlobalNorm g;
+  g.squared = sq;
+  g.norm = std::sqrt(sq);
+  g.finite = std::isfinite(sq);
+  return g;
+}
+
 void Engine::State::init_state() {
   const int G = part.group_count();
   const size_t Gs = static_cast<size_t>(G);
@@ -426,6 +474,7 @@ void Engine::State::init_state() {
     P_v = v.data_as<float>();
     bank.assign(Gs, 0);
   }
+  norms = Tensor::zeros(dev, compute, Shape{G + 1}, ScalarType::f32, MemCategory::other);
   compute.synchronize();
 
   // Initial values: a pure function of (seed, name, element), so every stage and world size
@@ -438,7 +487,7 @@ void Engine::State::init_state() {
         const Partition::Location& loc = part.location(p);
         vals.resize(static_cast<size_t>(loc.numel));
         init_param_values(model.params[static_cast<size_t>(p)], o.seed, 0, loc.numel, vals.data());
-        store(at(work[gi], loc.offset, esize()), dtype, vals.data(), loc.numel);
+        upload_as(at(work[gi], loc.offset, esize()), dtype, vals.data(), loc.numel);
       }
     }
     for (const Partition::Piece& pc : owned_pieces(g)) {
@@ -446,10 +495,10 @@ void Engine::State::init_state() {
       init_param_values(model.params[static_cast<size_t>(pc.param)], o.seed, pc.param_offset,
                         pc.count, vals.data());
       if (!whole[gi])
-        store(static_cast<unsigned char*>(shard_data(g)) + static_cast<size_t>(pc.shard_offset) * esize(),
-              dtype, vals.data(), pc.count);
+        upload_as(static_cast<unsigned char*>(shard_data(g)) + static_cast<size_t>(pc.shard_offset) * esize(),
+                  dtype, vals.data(), pc.count, off_param);
       if (P_master)
-        std::memcpy(P_master + owned_off[gi] + pc.shard_offset, vals.data(), static_cast<size_t>(pc.count) * 4);
+        copy_state(P_master + owned_off[gi] + pc.shard_offset, vals.data(), static_cast<size_t>(pc.count) * 4);
     }
   }
 
@@ -483,10 +532,16 @@ Engine::Engine(Model& model, Device& device, Stream& compute, coll::Communicator
   ZERO_REQUIRE(dt.has_value(), "engine: parameters must be fp32, bf16 or fp16, got " +
                                    std::string(to_string(s.o.param_type)));
   s.dtype = *dt;
-  ZERO_REQUIRE(device.kind() == DeviceKind::cpu,
-               "engine on " + device.name() +
-                   ": the ZeRO engine runs on the cpu backend so far; the cuda optimizer step and "
-                   "device-side accumulation come with the GPU work (issue 9)");
+  ZERO_REQUIRE(comm.kind() == device.kind(),
+               "engine on " + device.name() + ": the communicator is for " +
+                   std::string(to_string(comm.kind())) + " buffers; the engine's collectives run "
+                   "on the device's own buffers: use make_communicator(comm, device) (NCCL for "
+                   "cuda, MPI for cpu)");
+  ZERO_REQUIRE(compute.kind() == device.kind(),
+               "engine on " + device.name() + ": the compute stream belongs to another backend");
+  ZERO_REQUIRE(s.dtype != DType::bf16 || device.supports_bf16(),
+               "engine on " + device.name() + ": bf16 needs compute capability 8.0 or newer; "
+               "use fp16 (with loss scaling) or fp32 on this GPU");
   for (const ParamSpec& p : model.params)
     ZERO_REQUIRE(p.type == s.o.param_type,
                  "engine: parameter " + p.name + " is " + std::string(to_string(p.type)) +
@@ -516,6 +571,7 @@ Engine::Engine(Model& model, Device& device, Stream& compute, coll::Communicator
   s.compute_done = device.create_event();
   s.checkpoint = checkpoint_plan(model, s.o.number_checkpoints);
   s.adam = std::make_unique<optim::HostAdam>(s.o.host_threads);
+  s.kern = make_state_kernels(device, compute, *s.adam);
   if (s.o.loss_scaler) s.scaler = std::make_unique<optim::LossScaler>(*s.o.loss_scaler);
   s.init_state();
 }
@@ -542,8 +598,9 @@ std::vector<Tensor> Engine::State::views(int unit, bool grads) {
       // to it until the group's own Unit has run its backward and it is reduce-scattered.
       if (!grad_tmp[g]) {
         grad_tmp[g] = grad_pool.take(dev, part.group(loc.group).padded_numel, scalar_type(dtype));
-        // Host memset: the buffer's previous users (a finished reduction) are done with it.
-        std::memset(grad_tmp[g].data(), 0, static_cast<size_t>(part.group(loc.group).padded_numel) * esize());
+        // Zeroed on the compute stream: the buffer's previous users were a finished reduction
+        // (waited for) and compute work ahead of this in stream order.
+        dev.fill_async(grad_tmp[g].data(), 0, static_cast<size_t>(part.group(loc.group).padded_numel) * esize(), compute);
       }
       base = grad_tmp[g];
     }
@@ -562,21 +619,25 @@ void Engine::State::gather_group(int g) {
   const Partition::Group& grp = part.group(g);
   gathered[gi] = param_pool.take(dev, grp.padded_numel, scalar_type(dtype));
   live_elems += grp.padded_numel;
-  // The shard (work[g]) changes only in the optimizer step, which waits for nothing of this
-  // step to be in flight: nothing to wait for.
+  // The collective (or the copy) starts after the compute stream's current point: the shard
+  // (work[g]) is written there by the optimizer step's AdamW, and a freshly allocated buffer is
+  // ordered on the compute stream. The host runs at most one Unit ahead of the compute stream,
+  // so this waits for little.
+  Event* after = compute_point();
   const void* send = work[gi].data();
   if (off_param) {
     // The shard comes up from the host into its own place in the full buffer, and is gathered
     // in place from there. The host waits for the copy: on cuda a DMA of 1/N of the group.
     unsigned char* mine = at(gathered[gi], owned_begin[gi], esize());
     const double t0 = now_seconds();
-    copies->to_device(mine, h_shard[gi], 0, static_cast<size_t>(grp.shard_numel) * esize()).wait();
+    copies->to_device(mine, h_shard[gi], 0, static_cast<size_t>(grp.shard_numel) * esize(), after).wait();
     h2d_time += now_seconds() - t0;
     send = mine;
+    after = nullptr;
   }
-  gathering[gi] = post([&](Event* after) {
-    return comm.all_gather(send, gathered[gi].data(), static_cast<size_t>(grp.shard_numel), dtype, after);
-  }, nullptr);
+  gathering[gi] = post([&](Event* a) {
+    return comm.all_gather(send, gathered[gi].data(), static_cast<size_t>(grp.shard_numel), dtype, a);
+  }, after);
   if (!o.overlap_comm) wait_comm(gathering[gi]);
 }
 
@@ -715,15 +776,15 @@ void Engine::State::finish_oldest_reduce() {
   const size_t g = static_cast<size_t>(r.group);
   const unsigned char* shard = at(r.full, owned_begin[g], esize());
   const size_t n = static_cast<size_t>(part.group(r.group).shard_numel);
+  // The reduction has completed (waited for above); the compute stream reads the buffer after
+  // it goes back to the pool, which is safe: the pool's next user is the compute stream too
+  // (in stream order) or a collective that waits for the compute stream's current point.
   if (off) {
     land(r.group, shard, r.last);
   } else if (o.gradient_accumulation_steps == 1) {  // keep the reduced shard as it is
-    std::memcpy(at(grad_acc, owned_off[g], esize()), shard, n * esize());
+    dev.copy_async(at(grad_acc, owned_off[g], esize()), shard, n * esize(), compute);
   } else {
-    float* acc = static_cast<float*>(grad_acc.data()) + owned_off[g];
-    std::vector<float> widened(n);
-    convert(shard, dtype, widened.data(), DType::f32, n);
-    for (size_t i = 0; i < n; ++i) acc[i] += widened[i];
+    kern->accumulate(grad_acc.data_as<float>() + owned_off[g], shard, dtype, n);
   }
 }
 
@@ -802,6 +863,11 @@ void Engine::State::adam_group(int g, const optim::AdamStep& as, const optim::Ad
     float* p = p_in ? p_in + k : reinterpret_cast<float*>(working);
     float* po = p_out ? p_out + k : p;
     const bool copy16 = p_in && dtype != DType::f32;
+    if (!off) {  // device-resident state: in place, on the compute stream
+      kern->adam(hp, as, p, m_in + k, v_in + k, grad_ptr(g) + k * size_of(grad_type()), grad_type(),
+                 static_cast<size_t>(pc.count), copy16 ? working : nullptr, dtype);
+      continue;
+    }
     adam->step_into(hp, as, p, m_in + k, v_in + k, po, m_out + k, v_out + k,
                     grad_ptr(g) + k * size_of(grad_type()), grad_type(),
                     static_cast<size_t>(pc.count), copy16 ? working : nullptr, dtype);
@@ -813,23 +879,20 @@ void Engine::State::adam_group(int g, const optim::AdamStep& as, const optim::Ad
 // Stage 0/1 with a 16-bit gradient and accumulation: group g's gradient of this micro-batch is
 // complete (its Unit's backward is enqueued; the tied embedding's other part came earlier).
 // Add it to the fp32 sum and clear it; after the last micro-batch put the sum, rounded once,
-// back for the reduction. Host code: the engine runs on the cpu backend (the cuda step will do
-// this as a kernel on the compute stream).
+// back for the reduction (started after the compute stream's point past all this). Enqueued on
+// the compute stream, after the Unit's backward.
 void Engine::State::fold_group(int g, bool last) {
   const size_t gi = static_cast<size_t>(g);
   Tensor& full = grad_full[gi];
   if (!full || full.numel() == 0) return;  // a group without parameters
-  compute_point()->synchronize();
   float* sum = grad_sum01[gi].data_as<float>();
   const size_t n = static_cast<size_t>(full.numel());
-  std::vector<float> widened(n);
-  convert(full.data(), dtype, widened.data(), DType::f32, n);
-  for (size_t i = 0; i < n; ++i) sum[i] += widened[i];
+  kern->accumulate(sum, full.data(), dtype, n);
   if (last) {
-    convert(sum, DType::f32, full.data(), dtype, n);
-    std::memset(sum, 0, n * 4);
+    kern->convert(sum, DType::f32, full.data(), dtype, n);
+    dev.fill_async(sum, 0, n * 4, compute);
   } else {
-    std::memset(full.data(), 0, full.bytes());
+    dev.fill_async(full.data(), 0, full.bytes(), compute);
   }
 }
 
@@ -916,8 +979,14 @@ StepStats Engine::State::boundary(double loss) {
     wait_worker(*norms_done);
     for (int g = 0; g < G; ++g) local += partial[static_cast<size_t>(g)];
   } else {
+    // Each group's squared norm on the compute stream (after the accumulation that made the
+    // gradient), the G results to the host in one copy.
+    float* dn = norms.data_as<float>();
     for (int g = 0; g < G; ++g)
-      local += optim::local_squared_norm(grad_ptr(g), grad_type(), static_cast<size_t>(owned_len(g)));
+      kern->squared_norm(grad_ptr(g), grad_type(), static_cast<size_t>(owned_len(g)), dn + g);
+    std::vector<float> per_group(static_cast<size_t>(G));
+    copy_now(per_group.data(), dn, per_group.size() * sizeof(float));
+    for (float x : per_group) local += x;
   }
   optim::GlobalNorm norm;
   if (o.stage == 0) {
@@ -925,7 +994,7 @@ StepStats Engine::State::boundary(double loss) {
     norm.norm = std::sqrt(norm.squared);
     norm.finite = std::isfinite(norm.squared);
   } else {
-    norm = optim::global_grad_norm(comm, static_cast<float>(local));
+    norm = global_norm(static_cast<float>(local));
   }
   // The gradients are sums over ranks and micro-batches of gradients of mean losses: the
   // objective's gradient is that divided by n.
@@ -1000,20 +1069,22 @@ StepStats Engine::State::boundary(double loss) {
       // Every rank updated its shard of a whole group's working parameters: gather them in
       // place, now, while AdamW goes on with the next groups; the next forward waits for it
       // (use()).
+      // (Without offload AdamW wrote the shard on the compute stream: start after it.)
       if (o.stage >= 1 && whole[gi]) {
         const Partition::Group& grp = part.group(g);
         gathering[gi] = post([&](Event* after) {
           return comm.all_gather(at(work[gi], owned_begin[gi], esize()), work[gi].data(),
                                  static_cast<size_t>(grp.shard_numel), dtype, after);
-        }, nullptr);
+        }, off ? nullptr : compute_point());
         if (!o.overlap_comm) wait_comm(gathering[gi]);
       }
     }
   }
   // Fresh gradients for the next step.
+  // (On the compute stream: after AdamW read them; a stage 0/1 reduction in place was waited for.)
   for (Tensor& t : grad_full)
-    if (t) std::memset(t.data(), 0, t.bytes());
-  if (grad_acc) std::memset(grad_acc.data(), 0, grad_acc.bytes());
+    if (t) dev.fill_async(t.data(), 0, t.bytes(), compute);
+  if (grad_acc) dev.fill_async(grad_acc.data(), 0, grad_acc.bytes(), compute);
   if (h_acc) std::memset(h_acc.data(), 0, h_acc.bytes());
   if (o.stage == 3) prefetch(0);  // the next step's first groups, from the updated shards
   return st;
@@ -1063,21 +1134,30 @@ std::vector<float> Engine::parameter(int p) {
   // The step-end all-gather of a whole group writes work[g] (this rank's range included, in
   // place): let it land first.
   s.gathering[g].wait();
+  if (s.off) s.sync_host_threads();
+  s.compute.synchronize();  // AdamW of a device-resident shard runs on the compute stream
   std::vector<float> out(static_cast<size_t>(loc.numel), 0.0f);
   for (const Partition::Piece& pc : s.owned_pieces(loc.group)) {
     if (pc.param != p) continue;
-    const float* src;
+    const size_t bytes = static_cast<size_t>(pc.count) * 4;
     if (float* master = s.state(loc.group, 0)) {
-      src = master + pc.shard_offset;
-    } else {
-      src = reinterpret_cast<const float*>(s.at(s.work[g], s.work_owned_begin(loc.group) + pc.shard_offset, 4));
+      s.copy_state(out.data() + pc.param_offset, master + pc.shard_offset, bytes);
+    } else {  // fp32 without offload: the working parameters (device) are the master
+      s.copy_now(out.data() + pc.param_offset, s.at(s.work[g], s.work_owned_begin(loc.group) + pc.shard_offset, 4), bytes);
     }
-    std::memcpy(out.data() + pc.param_offset, src, static_cast<size_t>(pc.count) * 4);
   }
   // Each element is owned by exactly one rank; the others hold 0 there, so the sum is the
   // value (a -0.0 reads back as +0.0). Stage 0: every rank owns everything already.
-  if (s.o.stage != 0 && s.world > 1)
-    s.comm.all_reduce(out.data(), out.data(), out.size(), DType::f32, coll::ReduceOp::sum).wait();
+  if (s.o.stage != 0 && s.world > 1) {
+    if (s.comm.kind() == DeviceKind::cpu) {
+      s.comm.all_reduce(out.data(), out.data(), out.size(), DType::f32, coll::ReduceOp::sum).wait();
+    } else {  // NCCL takes device buffers
+      Tensor t = Tensor::empty(s.dev, Shape{static_cast<int64_t>(out.size())}, ScalarType::f32, MemCategory::other);
+      s.copy_now(t.data(), out.data(), out.size() * 4);
+      s.comm.all_reduce(t.data(), t.data(), out.size(), DType::f32, coll::ReduceOp::sum, s.compute_point()).wait();
+      s.copy_now(out.data(), t.data(), out.size() * 4);
+    }
+  }
   return out;
 }
 
@@ -1221,13 +1301,13 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag,
   int64_t k = 0;
   for (const auto& [g, pc] : ep.where) {
     for (int a = 0; a < 3; ++a) {
-      const float* src = s.state(g, a);
-      if (src) {
-        src += pc.shard_offset;
-      } else {  // fp32 without offload: the working parameters are the master
-        src = reinterpret_cast<const float*>(s.at(s.work[static_cast<size_t>(g)], s.work_owned_begin(g) + pc.shard_offset, 4));
+      float* dst = data[static_cast<size_t>(a)].data() + k;
+      const size_t bytes = static_cast<size_t>(pc.count) * 4;
+      if (const float* src = s.state(g, a)) {
+        s.copy_state(dst, src + pc.shard_offset, bytes);
+      } else {  // fp32 without offload: the working parameters (device) are the master
+        s.copy_now(dst, s.at(s.work[static_cast<size_t>(g)], s.work_owned_begin(g) + pc.shard_offset, 4), bytes);
       }
-      std::memcpy(data[static_cast<size_t>(a)].data() + k, src, static_cast<size_t>(pc.count) * 4);
     }
     k += pc.count;
   }
@@ -1335,14 +1415,20 @@ void Engine::State::install(const EnginePieces& ep, const float* master_vals, co
     const float* src[3] = {master_vals + k, m_vals ? m_vals + k : nullptr, v_vals ? v_vals + k : nullptr};
     for (int a = 0; a < 3; ++a)
       if (float* dst = state(g, a)) {
-        if (src[a]) std::memcpy(dst + pc.shard_offset, src[a], n * 4);
-        else std::memset(dst + pc.shard_offset, 0, n * 4);
+        if (src[a]) {
+          copy_state(dst + pc.shard_offset, src[a], n * 4);
+        } else if (off) {
+          std::memset(dst + pc.shard_offset, 0, n * 4);
+        } else {
+          dev.fill_async(dst + pc.shard_offset, 0, n * 4, compute);
+          compute.synchronize();
+        }
       }
     // The working copy: the master rounded to the parameter type, where this rank keeps it.
     unsigned char* working =
         whole[gi] ? at(work[gi], work_owned_begin(g) + pc.shard_offset, esize())
                   : static_cast<unsigned char*>(shard_data(g)) + static_cast<size_t>(pc.shard_offset) * esize();
-    store(working, dtype, master_vals + k, pc.count);
+    upload_as(working, dtype, master_vals + k, pc.count, !whole[gi] && off_param);
     k += pc.count;
   }
   // Whole groups: every rank wrote its shard; gather them (stage 0: every rank wrote all).

@@ -42,8 +42,11 @@
 // step reports per-phase times, the communication stream's busy time and the exposed part of it
 // (time the host waited on a collective with the compute stream idle).
 //
-// What is not there yet: the cuda backend's optimizer step (the engine runs on the cpu backend;
-// a cuda device is refused).
+// Backends: the same code drives the cpu and the cuda backend. Everything the engine does to its
+// state between the Units' kernels (zeroing, accumulating, rounding, norms, AdamW of a
+// device-resident shard) is enqueued on the compute stream through StateKernels
+// (state_kernels.hpp); the host reads device memory only through stream-ordered copies.
+// The communicator must be of the device's kind (NCCL for cuda).
 //
 // Threading: one thread drives an Engine. The compute stream and the communicator's stream are
 // ordered by events at every hand-off (see engine.cpp).
