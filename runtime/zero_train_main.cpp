@@ -382,16 +382,6 @@ int train(zero::World& world, const Flags& flags) {
   const config::Config& c = *loaded;
   const std::string& path = flags.config;
 
-  // The engine runs on the cpu backend in this version (issue 9 brings its cuda step).
-  if (c.ours.device == DeviceKind::cuda) {
-    if (world.is_root())
-      std::fprintf(stderr,
-                   "%s: error: zero_train.device: \"cuda\": the ZeRO engine trains on the cpu "
-                   "backend in this version\nHINT: set zero_train.device (or --device) to \"cpu\" "
-                   "or \"auto\"\n",
-                   path.c_str());
-    return kExitUsage;
-  }
   const models::GptShape shape = c.ours.model;
 
   // Data, checked on every rank before anything is allocated.
@@ -428,15 +418,49 @@ int train(zero::World& world, const Flags& flags) {
   DeviceOptions dopt;
   dopt.memory_limit = static_cast<size_t>(c.ours.device_memory_limit);
   dopt.host_memory_limit = static_cast<size_t>(c.ours.host_memory_limit);
-  auto device = make_device(DeviceKind::cpu, 0, dopt);
-  auto comm = coll::make_mpi_communicator(world.comm(), *device);
+  // One GPU per rank: a rank takes the GPU of its index among its host's ranks (NCCL refuses two
+  // ranks on one GPU). "auto": cuda when every rank has a GPU of its own, else cpu (agreed by
+  // all ranks: the backends' collectives do not mix).
+  const int gpus = cuda_device_count();
+  const bool gpu_each = gpus > 0 && world.local_size() <= gpus;
+  const bool all_gpu = !world.any(!gpu_each);
+  const DeviceKind kind = c.ours.device.value_or(all_gpu ? DeviceKind::cuda : DeviceKind::cpu);
+  if (!c.ours.device && !all_gpu && gpus > 0 && world.is_root())
+    log::info("zero-train: zero_train.device \"auto\": " + std::to_string(world.local_size()) +
+              " ranks on this host and " + std::to_string(gpus) + " GPU(s), so the run is on the cpu "
+              "backend (one GPU per rank is needed for cuda)");
+  std::unique_ptr<Device> device;
+  std::unique_ptr<coll::Communicator> comm, mpi_comm;
+  if (!on_all_ranks(world, std::string("zero_train.device \"") + std::string(to_string(kind)) + "\"", [&] {
+        int index = 0;
+        if (kind == DeviceKind::cuda) {
+          if (gpus == 0)
+            ZERO_FAIL("no GPU is visible on this host (or the cuda backend is not built)\nHINT: check "
+                      "nvidia-smi and CUDA_VISIBLE_DEVICES, or set zero_train.device (--device) to \"cpu\"");
+          if (world.local_size() > gpus)
+            ZERO_FAIL(std::to_string(world.local_size()) + " ranks on this host but " + std::to_string(gpus) +
+                      " GPU(s): one GPU per rank\nHINT: launch at most " + std::to_string(gpus) +
+                      " ranks per host (mpirun --map-by ppr:" + std::to_string(gpus) + ":node)");
+          index = world.local_rank();
+        }
+        device = make_device(kind, index, dopt);
+        // The engine's collectives on the device's buffers (NCCL on cuda); checkpoints and the
+        // like on host buffers (MPI): on cpu one communicator is both.
+        comm = coll::make_communicator(world.comm(), *device);
+        if (kind != DeviceKind::cpu) mpi_comm = coll::make_mpi_communicator(world.comm(), *device);
+      }))
+    return kExitFailure;
+  coll::Communicator& host_comm = mpi_comm ? *mpi_comm : *comm;
   auto stream = device->create_stream("compute");
   auto ops = models::make_ops(*device, *stream);
   EngineOptions o = engine_options(c);
   // The host AdamW's threads: the node's cores shared among its ranks (collective).
   const offload::ThreadBudget budget = offload::host_thread_budget(world.comm());
   o.host_threads = budget.threads;
-  Model model = models::make_gpt({shape, o.param_type, ScalarType::f32}, *ops);
+  // Activations: fp32 on cpu (its kernels read 16-bit parameters as fp32); on cuda the
+  // parameters' type (its kernels compute in fp32 on 16-bit storage of one type).
+  const ScalarType act = kind == DeviceKind::cpu ? ScalarType::f32 : o.param_type;
+  Model model = models::make_gpt({shape, o.param_type, act}, *ops);
   std::unique_ptr<Engine> engine;
   if (!on_all_ranks(world, "the model does not fit", [&] {
         engine = std::make_unique<Engine>(model, *device, *stream, *comm, o);
@@ -504,7 +528,7 @@ int train(zero::World& world, const Flags& flags) {
     const std::string t = name.data();
     std::string user;
     if (!on_all_ranks(world, "--resume from " + flags.checkpoint_dir + "/" + t,
-                      [&] { user = engine->load_checkpoint(flags.checkpoint_dir, t, *comm); }))
+                      [&] { user = engine->load_checkpoint(flags.checkpoint_dir, t, host_comm); }))
       return kExitFailure;
     const nlohmann::json meta = nlohmann::json::parse(user, nullptr, false);
     first_step = engine->steps_taken() + 1;
@@ -591,7 +615,7 @@ int train(zero::World& world, const Flags& flags) {
                            {"world_size", W},
                            {"stage", o.stage}};
     if (!on_all_ranks(world, "checkpoint " + flags.checkpoint_dir + "/" + tag,
-                      [&] { engine->save_checkpoint(flags.checkpoint_dir, tag, *comm, user.dump()); }))
+                      [&] { engine->save_checkpoint(flags.checkpoint_dir, tag, host_comm, user.dump()); }))
       return false;
     std::snprintf(line, sizeof line, "checkpoint: saved %s/%s in %.2f s", flags.checkpoint_dir.c_str(),
                   tag.c_str(), now_seconds() - t0);

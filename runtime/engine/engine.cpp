@@ -1489,21 +1489,23 @@ double Engine::evaluate(const Batch& batch, std::vector<int32_t>* argmax) {
     s.compute.synchronize();
     if (argmax) {
       const Tensor& out = ctx.back().output;
-      ZERO_REQUIRE(out && out.shape().rank() >= 1 &&
-                       (out.type() == ScalarType::f32 || out.type() == ScalarType::f64),
-                   "evaluate: the model's last Unit gives no fp32/fp64 logits to take the argmax of");
+      const std::optional<DType> lt = out ? to_dtype(out.type()) : std::nullopt;
+      ZERO_REQUIRE(out && out.shape().rank() >= 1 && (out.type() == ScalarType::f64 || lt),
+                   "evaluate: the model's last Unit gives no floating-point logits to take the argmax of");
       const int64_t V = out.shape()[out.shape().rank() - 1];
       const int64_t rows = out.numel() / V;
       std::vector<double> logits(static_cast<size_t>(out.numel()));
       if (out.type() == ScalarType::f64) {
         copy_to_host(s.dev, s.compute, logits.data(), out);
-      } else {
-        std::vector<float> f(logits.size());
-        copy_to_host(s.dev, s.compute, f.data(), out);
         s.compute.synchronize();
+      } else {  // fp32, or the 16-bit logits of a GPU run, widened exactly
+        std::vector<unsigned char> raw(static_cast<size_t>(out.numel()) * size_of(*lt));
+        copy_to_host(s.dev, s.compute, raw.data(), out);
+        s.compute.synchronize();
+        std::vector<float> f(logits.size());
+        convert(raw.data(), *lt, f.data(), DType::f32, f.size());
         std::copy(f.begin(), f.end(), logits.begin());
       }
-      s.compute.synchronize();
       argmax->assign(static_cast<size_t>(rows), 0);
       for (int64_t r = 0; r < rows; ++r) {
         const double* row = logits.data() + r * V;
