@@ -452,6 +452,14 @@ int train(zero::World& world, const Flags& flags) {
     return kExitFailure;
   coll::Communicator& host_comm = mpi_comm ? *mpi_comm : *comm;
   auto stream = device->create_stream("compute");
+  // Device memory from here on is ordered on the compute stream (cuda: cudaMallocAsync): freeing
+  // an activation neither waits nor synchronises the GPU. Undone before the stream goes (the
+  // guard is destroyed after everything declared below it, before the stream).
+  device->set_allocation_stream(stream.get());
+  struct AllocationStreamGuard {
+    Device& d;
+    ~AllocationStreamGuard() { d.set_allocation_stream(nullptr); }
+  } allocation_stream_guard{*device};
   auto ops = models::make_ops(*device, *stream);
   EngineOptions o = engine_options(c);
   // The host AdamW's threads: the node's cores shared among its ranks (collective).
@@ -689,7 +697,9 @@ int train(zero::World& world, const Flags& flags) {
                           {"mfu", peak ? nlohmann::json(tokens * flops_per_token / dt_step / *peak) : nlohmann::json()},
                           {"step_time_s", dt_step},
                           {"device_bytes", snap.total[0].current},
-                          {"host_bytes", snap.total[1].current}};
+                          {"host_bytes", snap.total[1].current},
+                          {"device_peak_bytes", snap.total[0].peak},
+                          {"host_peak_bytes", snap.total[1].peak}};
       if (o.timers)
         j["time"] = {{"forward", st.time.forward},     {"backward", st.time.backward},
                      {"optimizer", st.time.optimizer}, {"comm_busy", st.time.comm_busy},

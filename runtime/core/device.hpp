@@ -95,6 +95,19 @@ class Device {
   // Whether bf16 storage and compute are supported (cuda: compute capability 8.0 and newer).
   virtual bool supports_bf16() const noexcept = 0;
 
+  // Orders device allocations on `stream` from now on (null: back to the default). cuda: the
+  // memory of allocate() comes from the stream-ordered pool (cudaMallocAsync on `stream`) and is
+  // returned with cudaFreeAsync on the stream it was allocated on, so freeing a buffer the GPU
+  // still uses neither waits nor synchronises the device (cudaFree does both), and freed memory
+  // is reused without going back to the driver. The contract, for the caller:
+  //   - another stream uses such a buffer only after waiting for an event recorded on the
+  //     allocation stream after the allocation (e.g. a collective's `after` event);
+  //   - a buffer is freed only after every other stream's use of it has completed or been
+  //     ordered before the allocation stream's current point;
+  //   - the stream outlives every buffer allocated while it was set.
+  // cpu: nothing changes (allocation is immediate; the cpu ops keep their operands alive).
+  virtual void set_allocation_stream(Stream* stream) { (void)stream; }
+
  protected:
   Device(DeviceKind kind, int index, std::string name, size_t capacity, size_t host_capacity);
   void set_name(std::string name) { name_ = std::move(name); }

@@ -54,6 +54,13 @@ CudaEnv& cuda_env() {
   return e;
 }
 
+// Device memory ordered on `stream` while it lives (what zero-train does on cuda).
+struct AllocationStream {
+  Device& d;
+  AllocationStream(Device& dev, Stream& s) : d(dev) { d.set_allocation_stream(&s); }
+  ~AllocationStream() { d.set_allocation_stream(nullptr); }
+};
+
 const models::GptShape kGpt{2, 64, 4, 32, 16};
 constexpr int kRows = 4;  // sequences per micro-batch
 constexpr int kSteps = 12;
@@ -114,6 +121,7 @@ Model make_model(Device& dev, models::Ops& ops, ScalarType type) {
 // batch t * 1000 + r * GA + m on every backend.
 Run train(Device& dev, coll::Communicator& comm, const Setup& s) {
   auto stream = dev.create_stream("compute");
+  const AllocationStream ordered(dev, *stream);
   auto ops = models::make_ops(dev, *stream);
   Model model = make_model(dev, *ops, s.type);
   Engine engine(model, dev, *stream, comm, options(s));
@@ -286,6 +294,7 @@ TEST_CASE("cuda engine: a checkpoint saved on the GPU loads on the cpu backend b
   s.type = ScalarType::bf16;
   s.offload_optimizer = true;  // master and moments in host memory, parameters on the GPU
   auto gstream = e.device->create_stream("compute");
+  const AllocationStream ordered(*e.device, *gstream);
   auto gops = models::make_ops(*e.device, *gstream);
   Model gm = make_model(*e.device, *gops, s.type);
   Engine gpu(gm, *e.device, *gstream, *e.comm, options(s));

@@ -3,6 +3,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
 
 #include "runtime/core/cuda/checks.hpp"
 #include "runtime/core/cuda/stream.hpp"
@@ -52,6 +55,21 @@ class CudaDevice final : public Device {
                o.host_memory_limit ? o.host_memory_limit : kUnlimited),
         major_(f.major) {
     ZERO_CHECK_CUDA(cudaSetDevice(index));
+    // The stream-ordered pool keeps freed memory for reuse instead of returning it to the driver
+    // at every synchronisation (the default release threshold is 0).
+    cudaMemPool_t pool;
+    ZERO_CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, index));
+    uint64_t keep = UINT64_MAX;
+    ZERO_CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    pool_ = pool;
+  }
+
+  void set_allocation_stream(Stream* stream) override {
+    ZERO_REQUIRE(!stream || stream->kind() == DeviceKind::cuda,
+                 "set_allocation_stream on " + name() + ": needs a cuda stream");
+    std::lock_guard<std::mutex> lock(mutex_);
+    alloc_stream_ = stream ? cuda::native(*stream) : nullptr;
+    ordered_ = stream != nullptr;
   }
 
   std::unique_ptr<Stream> create_stream(std::string name) override {
@@ -72,17 +90,44 @@ class CudaDevice final : public Device {
  protected:
   void* raw_allocate(size_t bytes) override {
     ZERO_CHECK_CUDA(cudaSetDevice(index()));
+    std::lock_guard<std::mutex> lock(mutex_);
     void* p = nullptr;
-    cudaError_t rc = cudaMalloc(&p, bytes);
+    if (!ordered_) {
+      cudaError_t rc = cudaMalloc(&p, bytes);
+      if (rc == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();  // not sticky: clear it and report through the ledger
+        return nullptr;
+      }
+      ZERO_CHECK_CUDA(rc);
+      return p;
+    }
+    cudaError_t rc = cudaMallocAsync(&p, bytes, alloc_stream_);
     if (rc == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();  // not sticky: clear it and report through the ledger
-      return nullptr;
+      // The pool may hold freed blocks of other sizes: let the stream pass its pending frees,
+      // give the pool's unused memory back and try once more.
+      (void)cudaGetLastError();
+      ZERO_CHECK_CUDA(cudaStreamSynchronize(alloc_stream_));
+      ZERO_CHECK_CUDA(cudaMemPoolTrimTo(pool_, 0));
+      rc = cudaMallocAsync(&p, bytes, alloc_stream_);
+      if (rc == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        return nullptr;
+      }
     }
     ZERO_CHECK_CUDA(rc);
+    async_[p] = alloc_stream_;
     return p;
   }
   void raw_free(void* p) noexcept override {
-    if (cudaFree(p) != cudaSuccess) log::error("cudaFree failed on " + name());
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = async_.find(p);
+    if (it == async_.end()) {
+      if (cudaFree(p) != cudaSuccess) log::error("cudaFree failed on " + name());
+      return;
+    }
+    const cudaStream_t s = it->second;
+    async_.erase(it);
+    if (cudaFreeAsync(p, s) != cudaSuccess) log::error("cudaFreeAsync failed on " + name());
   }
   void* raw_allocate_host(size_t bytes, bool pinned) override {
     if (!pinned) return Device::raw_allocate_host(bytes, false);
@@ -101,6 +146,11 @@ class CudaDevice final : public Device {
 
  private:
   int major_;
+  cudaMemPool_t pool_ = nullptr;
+  std::mutex mutex_;
+  bool ordered_ = false;
+  cudaStream_t alloc_stream_ = nullptr;
+  std::unordered_map<void*, cudaStream_t> async_;  // allocated by cudaMallocAsync, on which stream
 };
 
 }  // namespace
