@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include <nlohmann/json.hpp>
+#include <tbb/parallel_for.h>
 
 #include "optim/clip.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
@@ -128,6 +129,18 @@ struct Engine::State {
   Tensor norms;
   std::unique_ptr<optim::LossScaler> scaler;
   std::unique_ptr<Event> compute_done;  // hand-offs from the compute stream (see below)
+  // How far the host runs ahead of the compute stream (stages 0-2): after enqueueing a Unit it
+  // waits for the Unit before it, so the GPU runs one Unit while the host enqueues the next
+  // (a wait for the Unit just enqueued would leave the GPU idle for every launch), and at most
+  // two Units' transient memory is alive. Nothing the host touches depends on it: everything
+  // that reads what a Unit wrote is stream-ordered (StateKernels, collectives' `after` events).
+  std::unique_ptr<Event> fence[2];
+  int fence_next = 0;
+  void unit_fence() {
+    compute.record(*fence[fence_next]);
+    fence_next ^= 1;
+    fence[fence_next]->synchronize();  // the previous Unit's point (never recorded: at once)
+  }
   int64_t steps = 0;    // optimizer steps taken, skipped (fp16 overflow) ones included
   int64_t applied = 0;  // steps applied: Adam's t and the LR schedule's position, as in
                         // DeepSpeed, where a skipped step calls neither optimizer nor scheduler
@@ -363,6 +376,18 @@ void store(void* dst, DType t, const float* src, int64_t n) {
   convert(src, DType::f32, dst, t, static_cast<size_t>(n));
 }
 
+// init_param_values over [begin, begin + count), in parallel chunks: each element's value is a
+// function of (seed, name, element) alone, so the chunking changes no bit, and a billion-parameter
+// model starts in seconds rather than minutes.
+void init_values(const ParamSpec& spec, uint64_t seed, int64_t begin, int64_t count, float* out) {
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  if (count <= kChunk) return init_param_values(spec, seed, begin, count, out);
+  tbb::parallel_for(int64_t{0}, (count + kChunk - 1) / kChunk, [&](int64_t c) {
+    const int64_t first = c * kChunk, n = std::min(kChunk, count - first);
+    init_param_values(spec, seed, begin + first, n, out + first);
+  });
+}
+
 }  // namespace
 
 void Engine::State::upload_as(void* dst, DType t, const float* vals, int64_t n, bool host) {
@@ -486,14 +511,14 @@ void Engine::State::init_state() {
       for (int p : part.group(g).params) {
         const Partition::Location& loc = part.location(p);
         vals.resize(static_cast<size_t>(loc.numel));
-        init_param_values(model.params[static_cast<size_t>(p)], o.seed, 0, loc.numel, vals.data());
+        init_values(model.params[static_cast<size_t>(p)], o.seed, 0, loc.numel, vals.data());
         upload_as(at(work[gi], loc.offset, esize()), dtype, vals.data(), loc.numel);
       }
     }
     for (const Partition::Piece& pc : owned_pieces(g)) {
       vals.resize(static_cast<size_t>(pc.count));
-      init_param_values(model.params[static_cast<size_t>(pc.param)], o.seed, pc.param_offset,
-                        pc.count, vals.data());
+      init_values(model.params[static_cast<size_t>(pc.param)], o.seed, pc.param_offset,
+                  pc.count, vals.data());
       if (!whole[gi])
         upload_as(static_cast<unsigned char*>(shard_data(g)) + static_cast<size_t>(pc.shard_offset) * esize(),
                   dtype, vals.data(), pc.count, off_param);
@@ -569,6 +594,8 @@ Engine::Engine(Model& model, Device& device, Stream& compute, coll::Communicator
     s.optimizer = make_cpu_stream("host-optimizer");
   }
   s.compute_done = device.create_event();
+  s.fence[0] = device.create_event();
+  s.fence[1] = device.create_event();
   s.checkpoint = checkpoint_plan(model, s.o.number_checkpoints);
   s.adam = std::make_unique<optim::HostAdam>(s.o.host_threads);
   s.kern = make_state_kernels(device, compute, *s.adam);
@@ -914,9 +941,9 @@ double Engine::State::micro_batch(const Batch& batch, float seed_scale, int mb) 
     model.units[u]->forward(c);
     c.params.clear();
     prev = c.output;
-    // At most one Unit in flight on the stream: memory a Unit dropped is free once the stream
-    // has passed it (stage 3 also frees the gathered parameters here).
-    if (o.stage == 3) release_after(base + u); else compute_point()->synchronize();
+    // Stage 3 frees the gathered parameters here (after the stream has passed the Unit); else
+    // the host waits only for the Unit before this one (unit_fence).
+    if (o.stage == 3) release_after(base + u); else unit_fence();
   }
   // The loss (fp32, or fp64 with fp64 activations) to the host; the synchronize also reports a
   // bad token or target found by this micro-batch's ops.
@@ -950,7 +977,7 @@ double Engine::State::micro_batch(const Batch& batch, float seed_scale, int mb) 
     if (o.stage == 3) {
       if (last && u == 0) release_all(); else release_after(pos);
     } else {
-      compute_point()->synchronize();
+      unit_fence();
     }
   }
   while (!pending.empty()) finish_oldest_reduce();

@@ -38,7 +38,8 @@
 //              the end of the optimizer step.
 // overlap_comm = false waits for every collective when it is issued.
 //
-// The host runs at most one Unit ahead of the compute stream. With EngineOptions::timers the
+// The host enqueues a Unit while the compute stream runs the one before it (stages 0-2; at stage 3
+// it waits for each Unit, whose gathered parameters it then releases). With EngineOptions::timers the
 // step reports per-phase times, the communication stream's busy time and the exposed part of it
 // (time the host waited on a collective with the compute stream idle).
 //
