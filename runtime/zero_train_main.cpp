@@ -418,6 +418,15 @@ int train(zero::World& world, const Flags& flags) {
   DeviceOptions dopt;
   dopt.memory_limit = static_cast<size_t>(c.ours.device_memory_limit);
   dopt.host_memory_limit = static_cast<size_t>(c.ours.host_memory_limit);
+  if (dopt.host_memory_limit == 0) {
+    // 0: this rank's share of 90% of the host's physical memory, so that an offloaded model too
+    // large for the host is our clear out-of-memory error at start-up, not the kernel's OOM
+    // killer in the middle of a run (pageable fallbacks would overcommit silently).
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0)
+      dopt.host_memory_limit = static_cast<size_t>(0.9 * static_cast<double>(pages) * static_cast<double>(page) /
+                                                   std::max(1, world.local_size()));
+  }
   // One GPU per rank: a rank takes the GPU of its index among its host's ranks (NCCL refuses two
   // ranks on one GPU). "auto": cuda when every rank has a GPU of its own, else cpu (agreed by
   // all ranks: the backends' collectives do not mix).
