@@ -44,6 +44,8 @@
 #include "runtime/core/log.hpp"
 #include "runtime/core/mpi_check.hpp"
 #include "runtime/core/peak_flops.hpp"
+#include "runtime/core/phase.hpp"
+#include "runtime/core/watchdog.hpp"
 #include "runtime/core/world.hpp"
 #include "runtime/engine/engine.hpp"
 #include "runtime/engine/from_config.hpp"
@@ -52,6 +54,7 @@ namespace {
 
 constexpr int kExitFailure = 1;  // something failed while running
 constexpr int kExitUsage = 2;    // bad flags, config or input, before training
+constexpr int kExitLost = 3;     // a rank or host stopped answering (the watchdog)
 
 const char* const kHelp = R"(usage: [mpirun -np N] zero-train --config FILE [options]
        zero-train --config FILE --validate
@@ -86,6 +89,10 @@ options:
                         e.g. one written by 'zero-train export'); Adam starts fresh.
   --device KIND         auto, cpu or cuda (overrides zero_train.device).
   --seed N              the run's seed: initial weights and data order (overrides "seed").
+  --watchdog-timeout S  seconds without a heartbeat from a neighbouring rank before the job is
+                        ended with a report (exit 3); sets zero_train.watchdog_timeout (a file
+                        that sets it must agree; default 20; 0 = off). Slow steps and long
+                        saves do not trigger it: only a rank whose process stopped answering.
   --metrics FILE        JSON lines of per-step metrics, appended (default:
                         DIR/metrics.jsonl with --checkpoint-dir, else zero-train-metrics.jsonl).
   --progress WHEN       a progress bar between log lines: auto (default: when stdout is a
@@ -101,7 +108,7 @@ export:
   --out FILE            the safetensors file to write (fp32, Hugging Face GPT-2 names)
 
 Exit status: 0 done, 1 failed while running (reported as one paragraph), 2 bad flags, config or
-input files.
+input files, 3 a rank or host stopped answering (the watchdog; resume from the last checkpoint).
 )";
 
 struct Flags {
@@ -111,6 +118,7 @@ struct Flags {
   std::string model, data, eval_data, checkpoint_dir, init_from, device, metrics;
   std::string progress = "auto";
   std::optional<long long> seed;
+  std::optional<double> watchdog_timeout;
   long long eval_interval = 0, eval_batches = 4, save_interval = 0;
   bool resume = false, validate = false, help = false;
   std::string export_dir, export_tag, export_out;
@@ -193,6 +201,14 @@ Flags parse_flags(int argc, char** argv) {
       text(f.progress);
       if (f.progress != "auto" && f.progress != "on" && f.progress != "off")
         f.errors.push_back("--progress must be auto, on or off, got '" + f.progress + "'");
+    } else if (name == "--watchdog-timeout") {
+      const std::string v = value();
+      char* end = nullptr;
+      const double s = v.empty() ? -1 : std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(s >= 0) || s > 1e6)
+        f.errors.push_back(name + " needs a number of seconds >= 0 (0 = no watchdog), got '" + v + "'");
+      else
+        f.watchdog_timeout = s;
     } else if (name == "--metrics") {
       text(f.metrics);
     } else if (name == "--validate") {
@@ -261,6 +277,7 @@ std::optional<zero::config::Config> load(zero::World& world, const Flags& flags)
   // Every GPU we build for (sm_80, sm_90) has bf16, and the cpu backend stores bf16 itself.
   env.bf16_supported = true;
   env.steps_flag = flags.steps;
+  env.watchdog_timeout_flag = flags.watchdog_timeout;
 
   cfg::LoadResult result = cfg::load_config_file(path, env);
   std::string flag_error;
@@ -381,6 +398,9 @@ int train(zero::World& world, const Flags& flags) {
   if (!loaded) return kExitUsage;
   const config::Config& c = *loaded;
   const std::string& path = flags.config;
+  // From here on a rank that stops answering (stopped, hung, its host lost) ends the job with a
+  // report within the timeout instead of leaving the others waiting forever (collective).
+  Watchdog watchdog(world, WatchdogOptions{.timeout_s = c.ours.watchdog_timeout, .exit_code = kExitLost});
 
   const models::GptShape shape = c.ours.model;
 
@@ -527,6 +547,7 @@ int train(zero::World& world, const Flags& flags) {
   // Where the run starts: a checkpoint (exact resume), a safetensors file, or the seed.
   long long first_step = 1;
   if (flags.resume) {
+    phase::set("resuming from a checkpoint");
     std::optional<std::string> tag;
     if (world.is_root()) tag = checkpoint::latest(flags.checkpoint_dir);
     int found = tag ? 1 : 0;
@@ -563,6 +584,7 @@ int train(zero::World& world, const Flags& flags) {
       differs("data", data.train().describe());
     }
   } else if (!flags.init_from.empty()) {
+    phase::set("loading --init-from");
     // The file's weights become the initial master and working copy: saved as a checkpoint of
     // step 0 in a temporary place and loaded, so the engine's one load path does the slicing.
     if (!on_all_ranks(world, "--init-from " + flags.init_from, [&] {
@@ -623,6 +645,7 @@ int train(zero::World& world, const Flags& flags) {
     return b;
   };
   auto save = [&](long long step) {
+    phase::Scope in_phase("saving a checkpoint");
     const std::string tag = step_tag(step);
     const double t0 = now_seconds();
     nlohmann::json user = {{"step", step},
@@ -640,6 +663,7 @@ int train(zero::World& world, const Flags& flags) {
     return true;
   };
   auto evaluate = [&](long long step) {
+    phase::Scope in_phase("evaluation");
     // Held-out loss, and for the addition task exact match: a problem counts when every digit of
     // its sum is the model's most likely next token (teacher-forced; equal to greedy decoding
     // for a causal model, see AdditionTask::score).
@@ -682,6 +706,8 @@ int train(zero::World& world, const Flags& flags) {
   double t_last = now_seconds();
   long long since = 0;
   for (long long step = first_step; step <= steps; ++step) {
+    phase::set_step(step);
+    phase::set("training step");
     const double t_step = now_seconds();
     const StepStats st = engine->step([&](int m) {
       const int64_t first = ((static_cast<int64_t>(step - 1) * W + world.rank()) * GA + m) * B;
@@ -690,6 +716,7 @@ int train(zero::World& world, const Flags& flags) {
     const double dt_step = now_seconds() - t_step;
     ++since;
     // The mean loss over every rank's micro-batches (collective: every rank, every step).
+    phase::set("the loss all-reduce");
     double loss = st.loss / W;
     ZERO_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, world.comm()));
     const LedgerSnapshot snap = device->ledger().snapshot();
@@ -772,6 +799,7 @@ int train(zero::World& world, const Flags& flags) {
         ((flags.save_interval > 0 && step % flags.save_interval == 0) || step == steps))
       if (!save(step)) return kExitFailure;
   }
+  phase::set("finishing");
   log::info("zero-train: done; the ledger at the end:\n" + device->ledger().snapshot().table());
   return 0;
 }

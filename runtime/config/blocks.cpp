@@ -331,6 +331,8 @@ void visit(Io& io, Ours& o) {
   io.bytes("host_memory_limit", o.host_memory_limit);
   io.key("steps", o.steps, {.min = 1, .flag = &io.env().steps_flag, .flag_name = "--steps"});
   io.key("speculative_host_step", o.speculative_host_step);
+  io.key("watchdog_timeout", o.watchdog_timeout,
+         {.min = 0, .flag = &io.env().watchdog_timeout_flag, .flag_name = "--watchdog-timeout"});
   io.block("model", o, [](auto& m, Ours& ours) { visit_model(m, ours); });
 }
 

@@ -91,6 +91,7 @@ struct Environment {
   std::optional<long long> steps_flag;                   // zero_train.steps
   std::optional<long long> warmup_steps_flag;            // scheduler.params.warmup_num_steps
   std::optional<double> lr_flag;                         // optimizer.params.lr
+  std::optional<double> watchdog_timeout_flag;           // zero_train.watchdog_timeout
 };
 
 // ---- the blocks ---------------------------------------------------------------------------------
@@ -305,6 +306,7 @@ struct Ours {
   long long host_memory_limit = 0;    // bytes the run may use on the host; 0 = unlimited
   long long steps = 100;              // optimizer steps to run (also "auto" total_num_steps)
   bool speculative_host_step = true;  // offload: host AdamW during backward (EngineOptions)
+  double watchdog_timeout = 20;       // s of a rank's silence before the job ends; 0 = off
   std::string model_preset = "tiny";  // the preset "model" started from; "" = explicit shape
   models::GptShape model = models::kGptPresets[0].shape;  // the GPT shape (preset "tiny")
 };

@@ -15,6 +15,7 @@
 #include "optim/clip.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/core/log.hpp"
+#include "runtime/core/phase.hpp"
 #include "optim/host_adam.hpp"
 #include "runtime/engine/state_kernels.hpp"
 
@@ -930,6 +931,7 @@ double Engine::State::micro_batch(const Batch& batch, float seed_scale, int mb) 
   std::vector<UnitContext> ctx(U);
   Tensor prev;
   double t0 = now_seconds();
+  phase::set("forward");
   for (size_t u = 0; u < U; ++u) {
     UnitContext& c = ctx[u];
     use(static_cast<int>(u));
@@ -957,6 +959,7 @@ double Engine::State::micro_batch(const Batch& batch, float seed_scale, int mb) 
   fwd_time += t1 - t0;
 
   Tensor dprev;
+  phase::set("backward and gradient reduction");
   for (size_t u = U; u-- > 0;) {
     const size_t pos = base + U + (U - 1 - u);
     UnitContext& c = ctx[u];
@@ -1128,11 +1131,13 @@ StepStats Engine::step(const std::function<Batch(int micro)>& next) {
     s.speculating = false;
     s.spec_order.clear();
     for (int mb = 0; mb < s.o.gradient_accumulation_steps; ++mb) {
+      phase::set("loading a micro-batch");
       const Batch batch = next(mb);
       if (mb + 1 == s.o.gradient_accumulation_steps) s.plan_speculation();
       loss += s.micro_batch(batch, seed, mb);
     }
     const double t0 = State::now_seconds();
+    phase::set("optimizer step (gradient norm, AdamW, parameter all-gather)");
     StepStats st = s.boundary(loss / s.o.gradient_accumulation_steps);
     if (s.o.timers) {
       st.time.forward = s.fwd_time;

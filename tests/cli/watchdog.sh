@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The watchdog end to end (zero-train; runtime/core/watchdog.hpp):
+#   stopped NP   a rank of a training job on NP ranks is stopped (SIGSTOP) after a checkpoint:
+#                the job must end with exit code 3 within the timeout plus a margin, with a report
+#                naming the stopped rank and its phase, no process left behind, and the last
+#                checkpoint intact (zero-train export reads it)
+#   lost-host NP a job on two hosts made of network namespaces (tests/cli/netns_hosts.sh; TCP
+#                between them, mpirun on a third, like a login node) loses one host's link in the
+#                middle of training: the job must end with exit code 3 and a report naming a rank
+#                on the lost host, instead of waiting ~15 minutes for TCP to give up. Exit 77
+#                (skipped) where this machine does not allow network namespaces.
+# Prints "detected in S s" (from the fault to the job's end). usage:
+#   watchdog.sh stopped|lost-host NP ZERO_TRAIN SOURCE_DIR WORK_DIR MPIRUN [MPIRUN ARGS...]
+set -uo pipefail
+mode=$1 np=$2 zt=$3 src=$4 work=$5
+shift 5
+mpirun=("$@")
+timeout_s=${ZERO_WATCHDOG_TEST_TIMEOUT:-6}
+cfg=$src/tests/data/configs/watchdog_train.json
+fail() { echo "FAIL: $*" >&2; exit 1; }
+now() { date +%s.%N; }
+rm -rf "$work"
+mkdir -p "$work"
+cd "$work" || exit 1
+export OPENBLAS_NUM_THREADS=1
+
+# Waits (up to 120 s) until the job has saved its first checkpoint and trained 20 steps past it.
+wait_for_training() {
+  for _ in $(seq 1200); do
+    if [ -f ck/latest ] && [ "$(grep -c '"loss"' ck/metrics.jsonl 2>/dev/null)" -ge 40 ]; then return 0; fi
+    kill -0 "$1" 2>/dev/null || { cat run.log; fail "the job ended before the fault"; }
+    sleep 0.1
+  done
+  cat run.log; fail "the job did not reach a checkpoint in 120 s"
+}
+
+# Waits for the job (pid $1) to end within the timeout plus a margin; sets rc and took.
+wait_for_end() {
+  local t0=$2 limit
+  limit=$(python3 -c "print($timeout_s + 25)")
+  for _ in $(seq $((${limit%.*} * 10))); do
+    kill -0 "$1" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$1" 2>/dev/null; then
+    cat run.log; fail "the job still runs $limit s after the fault: a hang"
+  fi
+  wait "$1"; rc=$?
+  took=$(python3 -c "print(f'{$(now) - $t0:.1f}')")
+}
+
+common=(--config "$cfg" --steps 100000 --watchdog-timeout "$timeout_s" --checkpoint-dir ck
+        --save-interval 20)
+
+case $mode in
+  stopped)
+    "${mpirun[@]}" -np "$np" "$zt" "${common[@]}" > run.log 2>&1 &
+    job=$!
+    wait_for_training $job
+    # The ranks are mpirun's children; stop the last one.
+    victim=$(pgrep -P $job -f zero-train | sort -n | tail -1)
+    [ -n "$victim" ] || fail "no rank process found under mpirun ($job)"
+    t0=$(now)
+    kill -STOP "$victim"
+    wait_for_end $job "$t0"
+    pgrep -P $job >/dev/null 2>&1 && fail "processes of the job are left behind"
+    # Gone, or a zombie (dead, waiting for whoever inherited it to reap it): not stopped.
+    sleep 1; st=$(ps -o stat= -p "$victim" 2>/dev/null || true)
+    case $st in
+      ""|Z*) ;;
+      *) ps -o pid,stat,cmd -p "$victim"; kill -9 "$victim"; fail "the stopped rank was left behind ($st)" ;;
+    esac
+    regex="watchdog: rank [0-9]+ \(host [^)]+\) has not answered for [0-9.]+ s"
+    ;;
+  lost-host)
+    if ! why=$(bash "$src/tests/cli/netns_hosts.sh" check); then
+      echo "SKIPPED: network namespaces are not available here: $why"; exit 77
+    fi
+    prefix=zw$$
+    export ZERO_NETNS_PREFIX=$prefix
+    trap 'bash "$src/tests/cli/netns_hosts.sh" down $prefix' EXIT
+    bash "$src/tests/cli/netns_hosts.sh" up $prefix || fail "could not build the test hosts"
+    per=$((np / 2))
+    # mpirun runs in the head namespace and starts one orted per host through the rsh agent;
+    # the ranks talk over TCP on the test network only.
+    ip netns exec "$prefix-head" "${mpirun[@]}" --host "h1:$per,h2:$per" -np "$np" \
+      --mca plm_rsh_agent "$src/tests/cli/netns_hosts.sh rsh" --mca plm_rsh_no_tree_spawn 1 \
+      --mca btl self,vader,tcp --mca btl_tcp_if_include 10.231.0.0/24 \
+      --mca oob_tcp_if_include 10.231.0.0/24 -x ZERO_NETNS_PREFIX \
+      "$zt" "${common[@]}" > run.log 2>&1 &
+    job=$!
+    wait_for_training $job
+    t0=$(now)
+    bash "$src/tests/cli/netns_hosts.sh" cut $prefix h2
+    wait_for_end $job "$t0"
+    # The ranks of h2 are the last `per` ranks (mpirun fills h1 first).
+    regex="watchdog: rank [0-9]+ \(host h[12]\) has not answered for [0-9.]+ s"
+    ;;
+  *) fail "unknown mode $mode" ;;
+esac
+
+echo "---- the job's output (tail)"; tail -25 run.log
+[ "$rc" -eq 3 ] || fail "expected exit code 3 (the watchdog), got $rc"
+grep -Eq "$regex" run.log || fail "no watchdog report matching '$regex'"
+grep -q "its last heartbeat said it was in: step [0-9]*, " run.log || fail "the report does not say the lost rank's phase"
+grep -q "HINT: " run.log || fail "the report has no HINT"
+# The last checkpoint is intact: export reads it whole (the newest complete one).
+"$zt" export --checkpoint ck --out last.safetensors > export.log 2>&1 || { cat export.log; fail "the last checkpoint is not readable"; }
+echo "detected in $took s (timeout $timeout_s s, $np ranks, $mode)"
