@@ -9,9 +9,10 @@
 //     host thread budget, the model state per rank and the ledger), one line every
 //     steps_per_print steps, a progress bar on a terminal, JSON lines of metrics to a file,
 //     checkpoints (--checkpoint-dir, --save-interval) and exact resume (--resume).
-//   zero-train export --checkpoint DIR [--tag TAG] --out FILE.safetensors
+//   zero-train export --checkpoint DIR [--tag TAG] --out FILE.safetensors [--hf-config]
 //     Writes a checkpoint's fp32 master weights, consolidated, as safetensors with Hugging Face
-//     GPT-2 names.
+//     GPT-2 names; with --hf-config also the config.json beside it that transformers'
+//     GPT2LMHeadModel.from_pretrained needs.
 //
 // Exit codes: 0 done; 1 a failure while running (a corrupt checkpoint, a model that does not
 // fit, an I/O error), reported as one paragraph on rank 0 (or on the rank it concerns); 2 bad
@@ -40,6 +41,7 @@
 #include "models/gpt.hpp"
 #include "offload/thread_budget.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/checkpoint/hf_gpt2.hpp"
 #include "runtime/config/config.hpp"
 #include "runtime/core/log.hpp"
 #include "runtime/core/mpi_check.hpp"
@@ -55,7 +57,7 @@ constexpr int kExitUsage = 2;    // bad flags, config or input, before training
 
 const char* const kHelp = R"(usage: [mpirun -np N] zero-train --config FILE [options]
        zero-train --config FILE --validate
-       zero-train export --checkpoint DIR [--tag TAG] --out FILE.safetensors
+       zero-train export --checkpoint DIR [--tag TAG] --out FILE.safetensors [--hf-config]
 
 Trains a GPT with ZeRO stages 0-3 and CPU offload, configured by a DeepSpeed ds_config.json.
 
@@ -82,8 +84,10 @@ options:
   --save-interval N     steps between checkpoints (default 0: only at the end).
   --resume              continue from the newest complete checkpoint in --checkpoint-dir: the
                         same losses as a run never interrupted. Any world size, any ZeRO stage.
-  --init-from FILE      start from the weights of a safetensors file (Hugging Face GPT-2 names,
-                        e.g. one written by 'zero-train export'); Adam starts fresh.
+  --init-from FILE      start from the weights of a safetensors file: one written by 'zero-train
+                        export', or a Hugging Face GPT-2's (save_pretrained's model.safetensors,
+                        "transformer." prefix and a tied lm_head.weight accepted); Adam starts
+                        fresh.
   --device KIND         auto, cpu or cuda (overrides zero_train.device).
   --seed N              the run's seed: initial weights and data order (overrides "seed").
   --metrics FILE        JSON lines of per-step metrics, appended (default:
@@ -99,6 +103,12 @@ export:
   --checkpoint DIR      a checkpoint directory (the --checkpoint-dir of a run)
   --tag TAG             which checkpoint (default: the newest complete one)
   --out FILE            the safetensors file to write (fp32, Hugging Face GPT-2 names)
+  --hf-config           also write config.json beside FILE, so that transformers'
+                        GPT2LMHeadModel.from_pretrained(DIR) loads the model (name the file
+                        DIR/model.safetensors); the number of heads is the one the checkpoint
+                        recorded, or --n-head
+  --n-head N            attention heads, for --hf-config with a checkpoint that does not record
+                        them (saved by an older zero-train)
 
 Exit status: 0 done, 1 failed while running (reported as one paragraph), 2 bad flags, config or
 input files.
@@ -114,6 +124,8 @@ struct Flags {
   long long eval_interval = 0, eval_batches = 4, save_interval = 0;
   bool resume = false, validate = false, help = false;
   std::string export_dir, export_tag, export_out;
+  bool export_hf_config = false;
+  std::optional<long long> export_n_head;
   std::vector<std::string> errors;
 };
 
@@ -160,6 +172,10 @@ Flags parse_flags(int argc, char** argv) {
       if (name == "--checkpoint") text(f.export_dir);
       else if (name == "--tag") text(f.export_tag);
       else if (name == "--out") text(f.export_out);
+      else if (name == "--hf-config") f.export_hf_config = true;
+      else if (name == "--n-head") {
+        if (auto n = count(true)) f.export_n_head = *n;
+      }
       else f.errors.push_back("unknown flag '" + a + "' for 'zero-train export'");
     } else if (name == "--config") {
       text(f.config);
@@ -205,6 +221,8 @@ Flags parse_flags(int argc, char** argv) {
   if (f.export_mode) {
     if (f.export_dir.empty()) f.errors.push_back("export: --checkpoint DIR is required");
     if (f.export_out.empty()) f.errors.push_back("export: --out FILE.safetensors is required");
+    if (f.export_n_head && !f.export_hf_config)
+      f.errors.push_back("export: --n-head is for --hf-config (the config.json); add --hf-config");
     return f;
   }
   if (f.config.empty()) f.errors.push_back("--config FILE is required");
@@ -336,13 +354,47 @@ int export_checkpoint(zero::World& world, const Flags& flags) {
                   "\nHINT: pass the --checkpoint-dir of a run that saved one, or --tag");
       tag = *l;
     }
-    checkpoint::export_safetensors(flags.export_dir, tag, "master", flags.export_out);
     const checkpoint::Info info = checkpoint::read_info(flags.export_dir, tag);
+    // The config.json is derived (and any problem with it reported) before a file is written.
+    std::optional<models::GptShape> hf_shape;
+    std::string hf_config_path;
+    if (flags.export_hf_config) {
+      const nlohmann::json meta = nlohmann::json::parse(info.metadata, nullptr, false);
+      const nlohmann::json* model = meta.is_object() && meta.contains("user") && meta["user"].is_object() &&
+                                            meta["user"].contains("model")
+                                        ? &meta["user"]["model"]
+                                        : nullptr;
+      long long n_head = 0;
+      if (model && model->is_object() && model->contains("n_head") && (*model)["n_head"].is_number_integer())
+        n_head = (*model)["n_head"].get<long long>();
+      if (flags.export_n_head) {
+        if (n_head != 0 && n_head != *flags.export_n_head)
+          ZERO_FAIL("--n-head " + std::to_string(*flags.export_n_head) + ", but the checkpoint was trained with " +
+                    std::to_string(n_head) + " heads\nHINT: drop --n-head (the checkpoint's own number is used)");
+        n_head = *flags.export_n_head;
+      }
+      if (n_head == 0)
+        ZERO_FAIL("--hf-config: the checkpoint " + flags.export_dir + "/" + tag +
+                  " does not record its number of attention heads (saved by an older zero-train)\n"
+                  "HINT: pass --n-head N, the n_head of the model it was trained with");
+      if (n_head > (1LL << 30)) ZERO_FAIL("--n-head " + std::to_string(n_head) + " is not a number of heads");
+      hf_shape = checkpoint::gpt_shape_from_params(info.params, static_cast<int>(n_head));
+      hf_config_path = (std::filesystem::path(flags.export_out).parent_path() / "config.json").string();
+    }
+    checkpoint::export_safetensors(flags.export_dir, tag, "master", flags.export_out);
     int64_t n = 0;
     for (const auto& p : info.params) n += p.numel();
     std::printf("zero-train export: %s/%s -> %s: %zu tensors, %lld parameters, fp32\n",
                 flags.export_dir.c_str(), tag.c_str(), flags.export_out.c_str(), info.params.size(),
                 static_cast<long long>(n));
+    if (hf_shape) {
+      checkpoint::write_hf_gpt2_config(hf_config_path, *hf_shape);
+      std::printf("zero-train export: %s: Hugging Face GPT2LMHeadModel config (transformers' "
+                  "from_pretrained loads the directory)\n", hf_config_path.c_str());
+      if (std::filesystem::path(flags.export_out).filename() != "model.safetensors")
+        std::printf("zero-train export: note: from_pretrained looks for model.safetensors in the "
+                    "directory; rename %s to it\n", flags.export_out.c_str());
+    }
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zero-train export: error: %s\n", error_text(e).c_str());
@@ -630,7 +682,10 @@ int train(zero::World& world, const Flags& flags) {
                            {"train_batch_size", c.batch.train_batch_size},
                            {"data", data.train().describe()},
                            {"world_size", W},
-                           {"stage", o.stage}};
+                           {"stage", o.stage},
+                           // What the parameter table cannot tell (n_head), for export --hf-config.
+                           {"model", {{"n_layer", shape.n_layer}, {"n_embd", shape.n_embd}, {"n_head", shape.n_head},
+                                      {"vocab_size", shape.vocab_size}, {"seq_len", shape.seq_len}}}};
     if (!on_all_ranks(world, "checkpoint " + flags.checkpoint_dir + "/" + tag,
                       [&] { engine->save_checkpoint(flags.checkpoint_dir, tag, host_comm, user.dump()); }))
       return false;
