@@ -65,8 +65,9 @@ options:
   --config FILE         the DeepSpeed config (ds_config.json). Our own settings (device, memory
                         limits, model, steps) live in its "zero_train" section, which DeepSpeed
                         ignores; see docs/config.md.
-  --steps N             the optimizer step to train up to (overrides zero_train.steps; a file
-                        that sets it must agree). A resumed run continues up to the same N.
+  --steps N             the optimizer step to train up to, where the config does not set
+                        zero_train.steps (default 100); a config that sets it must agree (an
+                        error otherwise, not an override). A resumed run continues up to N.
   --model NAME|FILE     a model preset (tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b,
                         zero-offload-10b) or a JSON file like zero_train.model
                         ({"preset": ...} and/or n_layer, n_embd, n_head, vocab_size, seq_len);
@@ -554,6 +555,11 @@ int train(zero::World& world, const Flags& flags) {
                 c.seed, data.train().describe().c_str(), T);
   log::info(line);
   log::info(budget.explanation);
+  // What decides whether another machine reproduces this run's losses bit for bit.
+  if (kind == DeviceKind::cpu)
+    log::info("cpu kernels: " + models::cpu_blas_description() +
+              " (runs match bit for bit only on the same kernels; OPENBLAS_CORETYPE "
+              "picks them: docs/training.md)");
   log::info(engine->memory_report());
   {
     // Every rank's model state and memory in use (shards differ by rank when the model does
