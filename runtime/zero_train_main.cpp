@@ -360,14 +360,7 @@ int export_checkpoint(zero::World& world, const Flags& flags) {
     std::optional<models::GptShape> hf_shape;
     std::string hf_config_path;
     if (flags.export_hf_config) {
-      const nlohmann::json meta = nlohmann::json::parse(info.metadata, nullptr, false);
-      const nlohmann::json* model = meta.is_object() && meta.contains("user") && meta["user"].is_object() &&
-                                            meta["user"].contains("model")
-                                        ? &meta["user"]["model"]
-                                        : nullptr;
-      long long n_head = 0;
-      if (model && model->is_object() && model->contains("n_head") && (*model)["n_head"].is_number_integer())
-        n_head = (*model)["n_head"].get<long long>();
+      long long n_head = checkpoint::recorded_n_head(info.metadata).value_or(0);
       if (flags.export_n_head) {
         if (n_head != 0 && n_head != *flags.export_n_head)
           ZERO_FAIL("--n-head " + std::to_string(*flags.export_n_head) + ", but the checkpoint was trained with " +

@@ -70,6 +70,20 @@ models::GptShape gpt_shape_from_params(std::span<const ParamInfo> params, int n_
   return s;
 }
 
+std::optional<int> recorded_n_head(std::string_view metadata) {
+  const nlohmann::json meta = nlohmann::json::parse(metadata, nullptr, false);
+  if (!meta.is_object()) return std::nullopt;
+  const auto user = meta.find("user");
+  if (user == meta.end() || !user->is_object()) return std::nullopt;
+  const auto model = user->find("model");
+  if (model == user->end() || !model->is_object()) return std::nullopt;
+  const auto n = model->find("n_head");
+  if (n == model->end() || !n->is_number_unsigned() || n->get<uint64_t>() == 0 ||
+      n->get<uint64_t>() > (1u << 30))
+    return std::nullopt;
+  return static_cast<int>(n->get<uint64_t>());
+}
+
 std::string hf_gpt2_config_json(const models::GptShape& s) {
   nlohmann::ordered_json j;
   j["architectures"] = {"GPT2LMHeadModel"};

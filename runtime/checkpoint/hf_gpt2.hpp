@@ -7,8 +7,10 @@
 // Pure functions of their arguments; thread-safe.
 #pragma once
 
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "models/gpt_shape.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
@@ -20,6 +22,10 @@ namespace zero::checkpoint {
 // table cannot tell. Throws zero::Error naming the first parameter that differs from such a
 // GPT's, or an n_head that does not divide n_embd.
 models::GptShape gpt_shape_from_params(std::span<const ParamInfo> params, int n_head);
+
+// The number of attention heads zero-train recorded in a checkpoint's metadata
+// ({"user": {"model": {"n_head": N, ...}}}), or nullopt (older checkpoints, other callers).
+std::optional<int> recorded_n_head(std::string_view metadata);
 
 // config.json for GPT2LMHeadModel with this shape and our model's arithmetic: pre-norm blocks,
 // LayerNorm epsilon 1e-5, the tanh GELU ("gelu_new"), attention scaled by 1/sqrt(head size),

@@ -126,6 +126,10 @@ TEST_CASE("hf_gpt2: the shape and config.json of a real GPT's parameter table") 
   CHECK_THROWS_WITH(gpt_shape_from_params(std::vector<ParamInfo>{{"w", {2, 2}}}, 1),
                     ContainsSubstring("do not start with a GPT-2's 'wte.weight'"));
 
+  CHECK(recorded_n_head(R"({"engine": {}, "user": {"step": 3, "model": {"n_layer": 3, "n_head": 6}}})") == 6);
+  CHECK(recorded_n_head(R"({"engine": {}, "user": {"step": 3}})") == std::nullopt);
+  CHECK(recorded_n_head("not json") == std::nullopt);
+
   TempDir dir;
   write_hf_gpt2_config(dir / "config.json", s);
   std::ifstream in(dir / "config.json");
