@@ -29,6 +29,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "runtime/core/device.hpp"
 #include "runtime/core/tensor.hpp"
@@ -155,6 +156,12 @@ class Ops {
 // The Ops of `device`'s backend, enqueuing on `stream` (a stream of that device). Both must
 // outlive the Ops. Throws zero::Error for a cuda device when the cuda backend is not built.
 std::unique_ptr<Ops> make_ops(Device& device, Stream& stream);
+
+// The CPU BLAS behind the cpu kernels and the kernel family it picked for this processor, e.g.
+// "OpenBLAS 0.3.21, Cooperlake kernels". Kernel families sum a matrix product's terms in
+// different orders, so training is bitwise the same on two machines only when this line is the
+// same (OPENBLAS_CORETYPE pins the family; docs/training.md, "Reproducibility"). Thread-safe.
+std::string cpu_blas_description();
 
 // The backends' factories (models/cpu/cpu_ops.cpp, models/cuda/cuda_ops.cpp).
 std::unique_ptr<Ops> make_cpu_ops(Device& device, Stream& stream);

@@ -9,9 +9,10 @@
 //     host thread budget, the model state per rank and the ledger), one line every
 //     steps_per_print steps, a progress bar on a terminal, JSON lines of metrics to a file,
 //     checkpoints (--checkpoint-dir, --save-interval) and exact resume (--resume).
-//   zero-train export --checkpoint DIR [--tag TAG] --out FILE.safetensors
+//   zero-train export --checkpoint DIR [--tag TAG] --out FILE.safetensors [--hf-config]
 //     Writes a checkpoint's fp32 master weights, consolidated, as safetensors with Hugging Face
-//     GPT-2 names.
+//     GPT-2 names; with --hf-config also the config.json beside it that transformers'
+//     GPT2LMHeadModel.from_pretrained needs.
 //
 // Exit codes: 0 done; 1 a failure while running (a corrupt checkpoint, a model that does not
 // fit, an I/O error), reported as one paragraph on rank 0 (or on the rank it concerns); 2 bad
@@ -40,6 +41,7 @@
 #include "models/gpt.hpp"
 #include "offload/thread_budget.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/checkpoint/hf_gpt2.hpp"
 #include "runtime/config/config.hpp"
 #include "runtime/core/log.hpp"
 #include "runtime/core/mpi_check.hpp"
@@ -58,7 +60,7 @@ constexpr int kExitLost = 3;     // a rank or host stopped answering (the watchd
 
 const char* const kHelp = R"(usage: [mpirun -np N] zero-train --config FILE [options]
        zero-train --config FILE --validate
-       zero-train export --checkpoint DIR [--tag TAG] --out FILE.safetensors
+       zero-train export --checkpoint DIR [--tag TAG] --out FILE.safetensors [--hf-config]
 
 Trains a GPT with ZeRO stages 0-3 and CPU offload, configured by a DeepSpeed ds_config.json.
 
@@ -66,8 +68,9 @@ options:
   --config FILE         the DeepSpeed config (ds_config.json). Our own settings (device, memory
                         limits, model, steps) live in its "zero_train" section, which DeepSpeed
                         ignores; see docs/config.md.
-  --steps N             the optimizer step to train up to (overrides zero_train.steps; a file
-                        that sets it must agree). A resumed run continues up to the same N.
+  --steps N             the optimizer step to train up to, where the config does not set
+                        zero_train.steps (default 100); a config that sets it must agree (an
+                        error otherwise, not an override). A resumed run continues up to N.
   --model NAME|FILE     a model preset (tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b,
                         zero-offload-10b) or a JSON file like zero_train.model
                         ({"preset": ...} and/or n_layer, n_embd, n_head, vocab_size, seq_len);
@@ -85,8 +88,10 @@ options:
   --save-interval N     steps between checkpoints (default 0: only at the end).
   --resume              continue from the newest complete checkpoint in --checkpoint-dir: the
                         same losses as a run never interrupted. Any world size, any ZeRO stage.
-  --init-from FILE      start from the weights of a safetensors file (Hugging Face GPT-2 names,
-                        e.g. one written by 'zero-train export'); Adam starts fresh.
+  --init-from FILE      start from the weights of a safetensors file: one written by 'zero-train
+                        export', or a Hugging Face GPT-2's (save_pretrained's model.safetensors,
+                        "transformer." prefix and a tied lm_head.weight accepted); Adam starts
+                        fresh.
   --device KIND         auto, cpu or cuda (overrides zero_train.device).
   --seed N              the run's seed: initial weights and data order (overrides "seed").
   --watchdog-timeout S  seconds without a heartbeat from a neighbouring rank before the job is
@@ -106,6 +111,12 @@ export:
   --checkpoint DIR      a checkpoint directory (the --checkpoint-dir of a run)
   --tag TAG             which checkpoint (default: the newest complete one)
   --out FILE            the safetensors file to write (fp32, Hugging Face GPT-2 names)
+  --hf-config           also write config.json beside FILE, so that transformers'
+                        GPT2LMHeadModel.from_pretrained(DIR) loads the model (name the file
+                        DIR/model.safetensors); the number of heads is the one the checkpoint
+                        recorded, or --n-head
+  --n-head N            attention heads, for --hf-config with a checkpoint that does not record
+                        them (saved by an older zero-train)
 
 Exit status: 0 done, 1 failed while running (reported as one paragraph), 2 bad flags, config or
 input files, 3 a rank or host stopped answering (the watchdog; resume from the last checkpoint).
@@ -122,6 +133,8 @@ struct Flags {
   long long eval_interval = 0, eval_batches = 4, save_interval = 0;
   bool resume = false, validate = false, help = false;
   std::string export_dir, export_tag, export_out;
+  bool export_hf_config = false;
+  std::optional<long long> export_n_head;
   std::vector<std::string> errors;
 };
 
@@ -168,6 +181,10 @@ Flags parse_flags(int argc, char** argv) {
       if (name == "--checkpoint") text(f.export_dir);
       else if (name == "--tag") text(f.export_tag);
       else if (name == "--out") text(f.export_out);
+      else if (name == "--hf-config") f.export_hf_config = true;
+      else if (name == "--n-head") {
+        if (auto n = count(true)) f.export_n_head = *n;
+      }
       else f.errors.push_back("unknown flag '" + a + "' for 'zero-train export'");
     } else if (name == "--config") {
       text(f.config);
@@ -221,6 +238,8 @@ Flags parse_flags(int argc, char** argv) {
   if (f.export_mode) {
     if (f.export_dir.empty()) f.errors.push_back("export: --checkpoint DIR is required");
     if (f.export_out.empty()) f.errors.push_back("export: --out FILE.safetensors is required");
+    if (f.export_n_head && !f.export_hf_config)
+      f.errors.push_back("export: --n-head is for --hf-config (the config.json); add --hf-config");
     return f;
   }
   if (f.config.empty()) f.errors.push_back("--config FILE is required");
@@ -353,13 +372,40 @@ int export_checkpoint(zero::World& world, const Flags& flags) {
                   "\nHINT: pass the --checkpoint-dir of a run that saved one, or --tag");
       tag = *l;
     }
-    checkpoint::export_safetensors(flags.export_dir, tag, "master", flags.export_out);
     const checkpoint::Info info = checkpoint::read_info(flags.export_dir, tag);
+    // The config.json is derived (and any problem with it reported) before a file is written.
+    std::optional<models::GptShape> hf_shape;
+    std::string hf_config_path;
+    if (flags.export_hf_config) {
+      long long n_head = checkpoint::recorded_n_head(info.metadata).value_or(0);
+      if (flags.export_n_head) {
+        if (n_head != 0 && n_head != *flags.export_n_head)
+          ZERO_FAIL("--n-head " + std::to_string(*flags.export_n_head) + ", but the checkpoint was trained with " +
+                    std::to_string(n_head) + " heads\nHINT: drop --n-head (the checkpoint's own number is used)");
+        n_head = *flags.export_n_head;
+      }
+      if (n_head == 0)
+        ZERO_FAIL("--hf-config: the checkpoint " + flags.export_dir + "/" + tag +
+                  " does not record its number of attention heads (saved by an older zero-train)\n"
+                  "HINT: pass --n-head N, the n_head of the model it was trained with");
+      if (n_head > (1LL << 30)) ZERO_FAIL("--n-head " + std::to_string(n_head) + " is not a number of heads");
+      hf_shape = checkpoint::gpt_shape_from_params(info.params, static_cast<int>(n_head));
+      hf_config_path = (std::filesystem::path(flags.export_out).parent_path() / "config.json").string();
+    }
+    checkpoint::export_safetensors(flags.export_dir, tag, "master", flags.export_out);
     int64_t n = 0;
     for (const auto& p : info.params) n += p.numel();
     std::printf("zero-train export: %s/%s -> %s: %zu tensors, %lld parameters, fp32\n",
                 flags.export_dir.c_str(), tag.c_str(), flags.export_out.c_str(), info.params.size(),
                 static_cast<long long>(n));
+    if (hf_shape) {
+      checkpoint::write_hf_gpt2_config(hf_config_path, *hf_shape);
+      std::printf("zero-train export: %s: Hugging Face GPT2LMHeadModel config (transformers' "
+                  "from_pretrained loads the directory)\n", hf_config_path.c_str());
+      if (std::filesystem::path(flags.export_out).filename() != "model.safetensors")
+        std::printf("zero-train export: note: from_pretrained looks for model.safetensors in the "
+                    "directory; rename %s to it\n", flags.export_out.c_str());
+    }
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zero-train export: error: %s\n", error_text(e).c_str());
@@ -522,6 +568,11 @@ int train(zero::World& world, const Flags& flags) {
                 c.seed, data.train().describe().c_str(), T);
   log::info(line);
   log::info(budget.explanation);
+  // What decides whether another machine reproduces this run's losses bit for bit.
+  if (kind == DeviceKind::cpu)
+    log::info("cpu kernels: " + models::cpu_blas_description() +
+              " (runs match bit for bit only on the same kernels; OPENBLAS_CORETYPE "
+              "picks them: docs/training.md)");
   log::info(engine->memory_report());
   {
     // Every rank's model state and memory in use (shards differ by rank when the model does
@@ -653,7 +704,10 @@ int train(zero::World& world, const Flags& flags) {
                            {"train_batch_size", c.batch.train_batch_size},
                            {"data", data.train().describe()},
                            {"world_size", W},
-                           {"stage", o.stage}};
+                           {"stage", o.stage},
+                           // What the parameter table cannot tell (n_head), for export --hf-config.
+                           {"model", {{"n_layer", shape.n_layer}, {"n_embd", shape.n_embd}, {"n_head", shape.n_head},
+                                      {"vocab_size", shape.vocab_size}, {"seq_len", shape.seq_len}}}};
     if (!on_all_ranks(world, "checkpoint " + flags.checkpoint_dir + "/" + tag,
                       [&] { engine->save_checkpoint(flags.checkpoint_dir, tag, host_comm, user.dump()); }))
       return false;

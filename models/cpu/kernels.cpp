@@ -7,6 +7,7 @@
 // loop adds the partials in block order (sum_rows). Matrix products go to the BLAS one fixed
 // block or tile per call, so a call's result never depends on how oneTBB scheduled the blocks.
 #include "models/cpu/kernels.hpp"
+#include "models/ops.hpp"
 
 #include <cblas.h>
 #include <tbb/blocked_range.h>
@@ -606,3 +607,16 @@ ZERO_CPU_KERNELS(double)
 #undef ZERO_CPU_KERNELS
 
 }  // namespace zero::models::cpu
+
+namespace zero::models {
+
+std::string cpu_blas_description() {
+  // openblas_get_config(): "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ... Cooperlake MAX_THREADS=64";
+  // its first two words are the library and version.
+  const std::string config = openblas_get_config();
+  size_t end = config.find(' ');
+  if (end != std::string::npos) end = config.find(' ', end + 1);
+  return config.substr(0, end) + ", " + openblas_get_corename() + " kernels";
+}
+
+}  // namespace zero::models

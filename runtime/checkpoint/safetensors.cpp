@@ -39,6 +39,17 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// Bytes per element of the safetensors dtypes this reader does not convert (kept without data
+// when asked to: masks and ids that files carry beside the weights); 0 for an unknown name.
+size_t other_dtype_size(const std::string& dtype) {
+  if (dtype == "BOOL" || dtype == "U8" || dtype == "I8" || dtype == "F8_E4M3" || dtype == "F8_E5M2")
+    return 1;
+  if (dtype == "U16" || dtype == "I16") return 2;
+  if (dtype == "U32" || dtype == "I32") return 4;
+  if (dtype == "U64" || dtype == "I64" || dtype == "F64") return 8;
+  return 0;
+}
+
 [[noreturn]] void bad_write(const std::string& path, const std::string& what) {
   ZERO_FAIL("write_safetensors " + io::quote(path) + ": " + what);
 }
@@ -101,7 +112,7 @@ void write_safetensors(const std::string& path, std::span<const TensorRef> tenso
   io::fsync_dir(io::parent_dir(path));
 }
 
-SafetensorsFile read_safetensors(const std::string& path) {
+SafetensorsFile read_safetensors(const std::string& path, const ReadOptions& options) {
   const io::File f = io::File::open_read(path, "safetensors file");
   const uint64_t size = f.size();
   if (size < 8)
@@ -168,13 +179,16 @@ SafetensorsFile read_safetensors(const std::string& path) {
     NamedTensor t;
     t.name = name;
     t.dtype = dt->get<std::string>();
-    DType type;
+    DType type = DType::f32;
+    size_t element_bytes = 0;
     if (t.dtype == "F32")
       type = DType::f32;
     else if (t.dtype == "F16")
       type = DType::f16;
     else if (t.dtype == "BF16")
       type = DType::bf16;
+    else if (options.keep_other_dtypes && (element_bytes = other_dtype_size(t.dtype)) > 0)
+      t.widened = false;
     else
       ZERO_FAIL("safetensors file " + io::quote(path) + ": " + where + "has dtype \"" + t.dtype +
                 "\"; this reader converts only F32, F16 and BF16 to fp32\nHINT: convert the "
@@ -195,7 +209,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
     if (begin > end)
       bad_file(path,
                where + "has \"data_offsets\" " + off->dump() + " whose begin is past its end");
-    const uint64_t bytes = static_cast<uint64_t>(numel) * size_of(type);
+    const uint64_t bytes = static_cast<uint64_t>(numel) * (t.widened ? size_of(type) : element_bytes);
     if (end - begin != bytes)
       bad_file(path, where + "has \"data_offsets\" " + off->dump() + " spanning " +
                          std::to_string(end - begin) + " bytes, but shape " + shape_text(t.shape) +
@@ -232,6 +246,10 @@ SafetensorsFile read_safetensors(const std::string& path) {
   const uint64_t base = 8 + n;
   for (const Span& s : spans) {
     NamedTensor& t = out.tensors[s.tensor];
+    if (!t.widened) {  // kept by name, shape and dtype only
+      ordered.push_back(std::move(t));
+      continue;
+    }
     const DType type = t.dtype == "F32" ? DType::f32 : t.dtype == "F16" ? DType::f16 : DType::bf16;
     const size_t count = static_cast<size_t>((s.end - s.begin) / size_of(type));
     t.data.resize(count);

@@ -13,8 +13,8 @@
 // write_safetensors writes fp32 tensors only (dtype "F32"), in the given order, the header
 // padded to a multiple of 8 bytes as the reference writer does, atomically (a temporary file
 // beside the target, fsync, rename). read_safetensors accepts F32, F16 and BF16 and widens
-// them to fp32 exactly (zero::convert); any other dtype, and every malformed header, is an error
-// naming the file and the tensor.
+// them to fp32 exactly (zero::convert); any other dtype (unless ReadOptions keeps it, without
+// data), and every malformed header, is an error naming the file and the tensor.
 //
 // Thread-safety: reentrant; the caller's tensors must not change during the call.
 #pragma once
@@ -43,18 +43,27 @@ void write_safetensors(const std::string& path, std::span<const TensorRef> tenso
 struct NamedTensor {
   std::string name;
   std::vector<int64_t> shape;
-  std::string dtype;        // as stored: "F32", "F16" or "BF16"
-  std::vector<float> data;  // widened to fp32
+  std::string dtype;        // as stored: "F32", "F16" or "BF16" (or another, see ReadOptions)
+  std::vector<float> data;  // widened to fp32; empty when !widened
+  bool widened = true;      // false: a dtype this reader does not convert, kept without data
 };
 struct SafetensorsFile {
   std::vector<NamedTensor> tensors;  // in the order of their data in the file
   std::vector<std::pair<std::string, std::string>> metadata;  // "__metadata__", in header order
 };
 
+struct ReadOptions {
+  // false: a tensor of any dtype but F32, F16 and BF16 is an error. true: a tensor of another
+  // dtype of the format (BOOL, U8, I8, F8_E4M3, F8_E5M2, U16, I16, U32, I32, U64, I64, F64) is
+  // checked like the others and returned with widened = false and no data, for a caller that
+  // may not need it (Hugging Face GPT-2 files carry boolean attention masks beside the weights).
+  bool keep_other_dtypes = false;
+};
+
 // Reads a whole safetensors file. Checks: length and header bounds (header at most 100 MB, as
 // the reference reader), JSON that is an object starting with '{' with no repeated key, each
 // tensor's dtype / shape / data_offsets, offsets inside the buffer, byte counts matching the
 // shape, no overlaps or gaps, no bytes after the last tensor.
-SafetensorsFile read_safetensors(const std::string& path);
+SafetensorsFile read_safetensors(const std::string& path, const ReadOptions& options = {});
 
 }  // namespace zero::checkpoint
