@@ -120,7 +120,10 @@ struct Info {
 // names the first rank that differs from rank 0), rank 0's metadata is JSON text. The pieces of
 // all ranks must tile every parameter exactly once (checked by rank 0 before committing).
 // An existing checkpoint of the same tag is replaced only once the new one is complete; a crash
-// at any point leaves the previous checkpoints loadable (docs/checkpoint-format.md).
+// at any point leaves the previous checkpoints loadable (docs/checkpoint-format.md). A failure
+// (a full disk at any step) leaves nothing of this save behind (rank 0 removes its temporary
+// directory), except when only dir/latest could not be updated: the new checkpoint is then
+// complete, kept, and the error says so.
 void save(const std::string& dir, const std::string& tag, coll::Communicator& comm,
           const SaveRequest& request);
 
