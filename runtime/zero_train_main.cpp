@@ -85,9 +85,15 @@ options:
   --checkpoint-dir DIR  where checkpoints go (DIR/step_00000100/...; DIR/latest names the newest).
                         Must be one filesystem every rank sees. Saved every --save-interval steps
                         and at the end.
+                        Checked at start: created if needed, writable from every rank, and
+                        with room for one checkpoint (else exit 2); what failed or interrupted
+                        saves left there is removed (or, when sealed, completed).
   --save-interval N     steps between checkpoints (default 0: only at the end).
-  --resume              continue from the newest complete checkpoint in --checkpoint-dir: the
-                        same losses as a run never interrupted. Any world size, any ZeRO stage.
+  --no-space-check      skip the start-up comparison of the free space with one checkpoint's
+                        size (for filesystems whose free space statvfs does not report).
+  --resume              continue from the newest complete checkpoint in --checkpoint-dir (by
+                        commit time; says so when DIR/latest names another): the same losses
+                        as a run never interrupted. Any world size, any ZeRO stage.
   --init-from FILE      start from the weights of a safetensors file: one written by 'zero-train
                         export', or a Hugging Face GPT-2's (save_pretrained's model.safetensors,
                         "transformer." prefix and a tied lm_head.weight accepted); Adam starts
@@ -131,7 +137,7 @@ struct Flags {
   std::optional<long long> seed;
   std::optional<double> watchdog_timeout;
   long long eval_interval = 0, eval_batches = 4, save_interval = 0;
-  bool resume = false, validate = false, help = false;
+  bool resume = false, validate = false, help = false, no_space_check = false;
   std::string export_dir, export_tag, export_out;
   bool export_hf_config = false;
   std::optional<long long> export_n_head;
@@ -206,6 +212,8 @@ Flags parse_flags(int argc, char** argv) {
       if (auto n = count(false)) f.save_interval = *n;
     } else if (name == "--resume") {
       f.resume = true;
+    } else if (name == "--no-space-check") {
+      f.no_space_check = true;
     } else if (name == "--init-from") {
       text(f.init_from);
     } else if (name == "--device") {
@@ -247,6 +255,8 @@ Flags parse_flags(int argc, char** argv) {
     f.errors.push_back("--resume needs --checkpoint-dir DIR (where to find the checkpoint)");
   if (f.save_interval > 0 && f.checkpoint_dir.empty())
     f.errors.push_back("--save-interval needs --checkpoint-dir DIR (where to save)");
+  if (f.no_space_check && f.checkpoint_dir.empty())
+    f.errors.push_back("--no-space-check needs --checkpoint-dir DIR (the directory it concerns)");
   if (f.resume && !f.init_from.empty())
     f.errors.push_back("--resume and --init-from exclude each other: a resumed run takes its "
                        "weights from the checkpoint");
@@ -366,11 +376,12 @@ int export_checkpoint(zero::World& world, const Flags& flags) {
   try {
     std::string tag = flags.export_tag;
     if (tag.empty()) {
-      const std::optional<std::string> l = checkpoint::latest(flags.export_dir);
-      if (!l)
+      const std::optional<checkpoint::Newest> n = checkpoint::find_newest(flags.export_dir);
+      if (!n)
         ZERO_FAIL("no complete checkpoint in " + flags.export_dir +
                   "\nHINT: pass the --checkpoint-dir of a run that saved one, or --tag");
-      tag = *l;
+      if (!n->note.empty()) std::fprintf(stderr, "zero-train export: %s\n", n->note.c_str());
+      tag = n->tag;
     }
     const checkpoint::Info info = checkpoint::read_info(flags.export_dir, tag);
     // The config.json is derived (and any problem with it reported) before a file is written.
@@ -421,6 +432,70 @@ std::string step_tag(long long step) {
   char b[32];
   std::snprintf(b, sizeof b, "step_%08lld", step);
   return b;
+}
+
+// --checkpoint-dir before anything is trained, so that a directory a save cannot use fails now
+// and not hours later: created, writable from every rank (a real probe file: one host's mount
+// may be read-only), tidied of what failed or interrupted saves left (rank 0: a sealed leftover
+// is installed, garbage removed; before --resume looks for the newest checkpoint), and with room
+// for one checkpoint of this run (rank 0: statvfs, one filesystem shared by every rank). Returns
+// 0, or kExitUsage with the reason printed.
+int check_checkpoint_dir(zero::World& world, const Flags& flags, const zero::Engine& engine) {
+  using namespace zero;
+  const std::string& dir = flags.checkpoint_dir;
+  const std::string what = "--checkpoint-dir " + dir;
+  // Rank 0 first, so that the others do not race it creating the directory.
+  if (!on_all_ranks(world, what, [&] { if (world.is_root()) checkpoint::probe_writable(dir); }))
+    return kExitUsage;
+  if (!on_all_ranks(world, what, [&] { if (!world.is_root()) checkpoint::probe_writable(dir); }))
+    return kExitUsage;
+  if (!on_all_ranks(world, what, [&] {
+        if (!world.is_root()) return;
+        for (const std::string& done : checkpoint::clean_leftovers(dir)) log::info("checkpoint: " + done);
+      }))
+    return kExitUsage;
+
+  // One checkpoint: every rank's file (fp32 master, exp_avg and exp_avg_sq of the elements it
+  // owns, with its table) plus the manifest, marker and latest; each file rounded up to a block.
+  unsigned long long mine = engine.checkpoint_bytes(), bytes = 0;
+  ZERO_CHECK_MPI(MPI_Allreduce(&mine, &bytes, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, world.comm()));
+  int verdict = 0;
+  if (world.is_root()) {
+    try {
+      const checkpoint::Space space = checkpoint::free_space(dir);
+      const unsigned long long need = bytes + (static_cast<unsigned long long>(world.size()) + 3) * space.block;
+      char line[1024];
+      if (space.available < need) {
+        std::snprintf(line, sizeof line,
+                      "%s has %llu bytes (%s) free, but one checkpoint of this run needs %llu (%s: "
+                      "the fp32 master weights and Adam's two moments of every parameter, in %d rank "
+                      "file(s), and the manifest)",
+                      dir.c_str(), static_cast<unsigned long long>(space.available),
+                      format_bytes(space.available).c_str(), need, format_bytes(need).c_str(), world.size());
+        if (flags.no_space_check) {
+          log::warn(std::string(line) + "; going on as --no-space-check asks: a save that finds the "
+                    "disk full fails the run (exit 1) and keeps the earlier checkpoints");
+        } else {
+          std::fprintf(stderr,
+                       "zero-train: error: %s: %s\nHINT: free at least %llu bytes there or pass a "
+                       "--checkpoint-dir on a larger filesystem; --no-space-check skips this check "
+                       "where statvfs does not report the real free space\n",
+                       what.c_str(), line, need - static_cast<unsigned long long>(space.available));
+          verdict = kExitUsage;
+        }
+      } else {
+        std::snprintf(line, sizeof line, "checkpoint: %s: one checkpoint takes %s, %s free (room for %llu)",
+                      dir.c_str(), format_bytes(need).c_str(), format_bytes(space.available).c_str(),
+                      static_cast<unsigned long long>(space.available / need));
+        log::info(line);
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "zero-train: error: %s: %s\n", what.c_str(), error_text(e).c_str());
+      verdict = kExitUsage;
+    }
+  }
+  ZERO_CHECK_MPI(MPI_Bcast(&verdict, 1, MPI_INT, 0, world.comm()));
+  return verdict;
 }
 
 // The batches of a run: the addition task or token shards, and their held-out counterparts.
@@ -595,12 +670,22 @@ int train(zero::World& world, const Flags& flags) {
     }
   }
 
+  if (!flags.checkpoint_dir.empty())
+    if (const int rc = check_checkpoint_dir(world, flags, *engine); rc != 0) return rc;
+
   // Where the run starts: a checkpoint (exact resume), a safetensors file, or the seed.
   long long first_step = 1;
   if (flags.resume) {
     phase::set("resuming from a checkpoint");
+    // The newest complete checkpoint by commit time, whatever DIR/latest says (a save whose last
+    // step, writing latest, failed leaves a newer complete checkpoint than latest names).
     std::optional<std::string> tag;
-    if (world.is_root()) tag = checkpoint::latest(flags.checkpoint_dir);
+    if (world.is_root()) {
+      if (const std::optional<checkpoint::Newest> n = checkpoint::find_newest(flags.checkpoint_dir)) {
+        if (!n->note.empty()) log::info("zero-train: --resume: " + n->note);
+        tag = n->tag;
+      }
+    }
     int found = tag ? 1 : 0;
     ZERO_CHECK_MPI(MPI_Bcast(&found, 1, MPI_INT, 0, world.comm()));
     if (!found) {

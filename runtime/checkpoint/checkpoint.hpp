@@ -120,13 +120,30 @@ struct Info {
 // names the first rank that differs from rank 0), rank 0's metadata is JSON text. The pieces of
 // all ranks must tile every parameter exactly once (checked by rank 0 before committing).
 // An existing checkpoint of the same tag is replaced only once the new one is complete; a crash
-// at any point leaves the previous checkpoints loadable (docs/checkpoint-format.md).
+// at any point leaves the previous checkpoints loadable (docs/checkpoint-format.md). A failure
+// (a full disk at any step) leaves nothing of this save behind (rank 0 removes its temporary
+// directory), except when only dir/latest could not be updated: the new checkpoint is then
+// complete, kept, and the error says so.
 void save(const std::string& dir, const std::string& tag, coll::Communicator& comm,
           const SaveRequest& request);
 
-// The tag `dir/latest` names when that checkpoint is complete; otherwise (no latest file, or it
-// names a missing or incomplete checkpoint) the complete checkpoint committed last; nullopt
-// when there is none (or no `dir`). Reads only small files. Not collective.
+// The checkpoint a resume takes: the complete checkpoint of `dir` committed last (its marker's
+// time), found by listing `dir`. Complete means: a well-formed COMPLETE marker, and a manifest
+// whose checksum is the marker's and which parses; newer directories that fail this are skipped.
+// `dir/latest` is only compared with it, never trusted over it: a save whose last step (writing
+// latest) failed leaves a complete checkpoint newer than the one latest names. `note` is empty
+// when latest names the chosen checkpoint; otherwise it says which checkpoint was taken and why
+// (no latest file; latest names an older checkpoint, or a missing, incomplete or damaged one;
+// newer damaged checkpoints skipped), for the caller to print. nullopt when there is no
+// complete checkpoint (or no `dir`). Reads markers and manifests, never a rank file. Not
+// collective. To resume from an older checkpoint, move the newer ones out of `dir`.
+struct Newest {
+  std::string tag;
+  std::string note;
+};
+std::optional<Newest> find_newest(const std::string& dir);
+
+// find_newest's tag; its note, when there is one, is logged as a warning (rank 0).
 std::optional<std::string> latest(const std::string& dir);
 
 // Reads dir/tag's manifest, checked against its marker. Not collective.
@@ -153,12 +170,43 @@ void export_safetensors(const std::string& dir, const std::string& tag, const st
 std::vector<std::vector<float>> import_safetensors(const std::string& path,
                                                    std::span<const ParamInfo> params);
 
+// ---- The checkpoint directory before a run relies on it (zero-train checks it at start).
+
+// Bytes save() writes for `request` on rank `rank`: its rank file exactly, plus an upper bound
+// of its part of manifest.json (on rank 0 also of the parameter table, the metadata, the marker
+// and latest). The sum over the ranks bounds one checkpoint's bytes before the filesystem rounds
+// each file up to its block size. The arrays' data is not read (it may be null).
+uint64_t save_bytes(const SaveRequest& request, int rank);
+
+// Creates `dir` when missing (mkdir -p), then creates, writes (512 bytes), fsyncs and removes a
+// probe file in it (named .zero-probe.<host>.<pid>.<n>): what a save will do, done for real.
+// Throws naming `dir` and the system's error (read-only filesystem, permission denied, no
+// space) with a HINT.
+void probe_writable(const std::string& dir);
+
+// The bytes an unprivileged writer may still use on `dir`'s filesystem (statvfs f_bavail x
+// f_frsize) and its block size. Throws naming `dir`.
+struct Space {
+  uint64_t available = 0;
+  uint64_t block = 0;
+};
+Space free_space(const std::string& dir);
+
+// Removes what interrupted or failed saves left in `dir`, never a checkpoint that is the newest
+// complete copy of its tag: for each tag with a dir/.<tag>.tmp or dir/.<tag>.old, a sealed one is
+// installed or put back where dir/<tag> lacks it, the rest removed (docs/checkpoint-format.md,
+// "Atomicity"); temporary files of `latest` and probe files are removed. Returns one sentence
+// per action, for the log. Call with no save running in `dir` (rank 0, at start-up). Throws
+// naming the path when a removal or rename fails.
+std::vector<std::string> clean_leftovers(const std::string& dir);
+
 // ---- Building blocks of save(), non-collective; tests and tools call them to write the files
 // ---- of several ranks from one process. save() is exactly: validate and compare the requests;
 // ---- rank 0 begin_save(); every rank write_rank_file(); rank 0 commit_save().
 
-// Rank 0, first: checks the tag, creates `dir`, clears a leftover of an interrupted save of this
-// tag and creates the empty temporary directory (dir/.<tag>.tmp). Returns its path.
+// Rank 0, first: checks the tag, creates `dir`, tidies the leftovers of an interrupted save of
+// this tag (as clean_leftovers does for every tag) and creates the empty temporary directory
+// (dir/.<tag>.tmp). Returns its path. On failure nothing of it is left.
 std::string begin_save(const std::string& dir, const std::string& tag);
 
 // One rank's file (rank_<rank>.bin, rank as 5 digits) in `save_dir` (begin_save's result),
@@ -172,7 +220,10 @@ void write_rank_file(const std::string& save_dir, int rank, int world_size, uint
 // and matches (header, save id, size), that the pieces tile every parameter exactly once, writes
 // manifest.json (with `request`'s parameter table, array names and metadata) and the marker,
 // fsyncs, moves the directory to dir/<tag> (replacing an older one only once the new one is in
-// place) and updates dir/latest.
+// place) and updates dir/latest. On failure it cleans up after itself before throwing: before
+// the move, the temporary directory is removed (the previous checkpoints are untouched); a
+// failed move is undone as far as recover_tag can; when only dir/latest could not be written,
+// dir/<tag> stays (complete; find_newest takes it) and the error says so.
 void commit_save(const std::string& dir, const std::string& tag, int world_size, uint64_t save_id,
                  const SaveRequest& request);
 

@@ -8,7 +8,9 @@
 #include <sstream>
 
 #include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/checkpoint/crc32c.hpp"
 #include "runtime/checkpoint/file_io.hpp"
+#include "runtime/checkpoint/manifest.hpp"
 #include "runtime/core/error.hpp"
 
 namespace zero::checkpoint::detail {
@@ -94,6 +96,65 @@ void install(const std::string& dir, const std::string& tag, bool swap) {
   io::rename_path(tmp, final_dir);
   io::fsync_dir(dir);
   io::remove_tree(old);
+}
+
+std::optional<uint64_t> verified_commit(const std::string& ckpt_dir, std::string* why) {
+  std::string reason;
+  try {
+    if (!io::is_directory(ckpt_dir)) {
+      reason = "it does not exist";
+    } else if (const std::optional<Marker> m = read_marker(ckpt_dir); !m) {
+      reason = "it has no " + std::string(kMarkerName) + " marker (its save did not finish)";
+    } else {
+      const std::string path = join(ckpt_dir, kManifestName);
+      const std::string text = io::read_file(path, size_t{1} << 30, "checkpoint manifest");
+      if (crc32c(text) != m->manifest_crc) {
+        reason = "its manifest does not match the checksum in its marker";
+      } else {
+        (void)parse_manifest(text, path);
+        return m->committed_ns;
+      }
+    }
+  } catch (const Error& e) {
+    reason = e.message();
+  }
+  if (why) *why = reason;
+  return std::nullopt;
+}
+
+std::vector<std::string> recover_tag(const std::string& dir, const std::string& tag) {
+  check_tag(tag);
+  const std::string final_dir = join(dir, tag), tmp = tmp_dir(dir, tag), old = old_dir(dir, tag);
+  std::vector<std::string> done;
+  std::optional<uint64_t> have = verified_commit(final_dir);
+  if (io::exists(tmp)) {
+    const std::optional<uint64_t> staged = verified_commit(tmp);
+    if (staged && (!have || *staged > *have)) {
+      // Sealed but never installed: the newest complete copy of the tag. install() swaps it in
+      // (the displaced dir/<tag>, older or incomplete, ends under the temporary name).
+      install(dir, tag);
+      have = staged;
+      done.push_back("installed " + io::quote(tmp) + " as " + io::quote(final_dir) +
+                     ": a complete save of '" + tag + "' that was interrupted before its rename");
+    }
+    if (io::exists(tmp)) {
+      io::remove_tree(tmp);
+      done.push_back("removed " + io::quote(tmp) + ", left by an interrupted or failed save");
+    }
+  }
+  if (io::exists(old)) {
+    const std::optional<uint64_t> previous = verified_commit(old);
+    if (previous && !io::exists(final_dir)) {
+      io::rename_path(old, final_dir);
+      done.push_back("put " + io::quote(old) + " back as " + io::quote(final_dir) +
+                     ": a replacement was interrupted between its two renames");
+    } else if (!previous || have) {
+      io::remove_tree(old);
+      done.push_back("removed " + io::quote(old) + ", left by a replacement of '" + tag + "'");
+    }
+  }
+  if (!done.empty()) io::fsync_dir(dir);
+  return done;
 }
 
 std::string resolve(const std::string& dir, const std::string& tag) {

@@ -167,27 +167,68 @@ Info read_info(const std::string& dir, const std::string& tag) {
   return info;
 }
 
-std::optional<std::string> latest(const std::string& dir) {
+std::optional<Newest> find_newest(const std::string& dir) {
   if (!io::is_directory(dir)) return std::nullopt;
+  // Newest first; equal times (clock steps) by tag, so the choice is the same on every call.
+  std::vector<std::pair<uint64_t, std::string>> order;
+  for (const auto& [tag, ns] : complete_tags(dir)) order.emplace_back(ns, tag);
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second > b.second;
+  });
+  std::optional<Newest> best;
+  std::string skipped;
+  std::map<std::string, std::string> damaged;  // tag -> why it was skipped
+  for (const auto& [ns, tag] : order) {
+    std::string why;
+    if (verified_commit(resolve(dir, tag), &why)) {
+      best = Newest{tag, {}};
+      break;
+    }
+    damaged[tag] = why;
+    skipped += (skipped.empty() ? "" : "; ") + std::string("'") + tag + "' is damaged (" + why + ")";
+  }
+  if (!best) return std::nullopt;
+
+  // What latest says, compared with what the directory holds.
   const std::string file = join(dir, kLatestName);
-  if (io::exists(file)) {
+  std::string why;
+  if (!io::exists(file)) {
+    why = "there is no latest file (the save that made '" + best->tag +
+          "' could not write it, or it was removed)";
+  } else {
     try {
-      std::string tag = io::read_file(file, 4096, "checkpoint latest file");
-      while (!tag.empty() && std::isspace(static_cast<unsigned char>(tag.back()))) tag.pop_back();
-      check_tag(tag);
-      const std::string path = resolve(dir, tag);
-      if (io::is_directory(path) && read_marker(path)) return tag;
-      log::warn("checkpoint latest file " + io::quote(file) + " names '" + tag +
-                "', which is missing or incomplete: taking the newest complete checkpoint");
+      std::string named = io::read_file(file, 4096, "checkpoint latest file");
+      while (!named.empty() && std::isspace(static_cast<unsigned char>(named.back())))
+        named.pop_back();
+      check_tag(named);
+      if (named != best->tag) {
+        std::string state;
+        if (const auto it = damaged.find(named); it != damaged.end()) {
+          state = "which is damaged (" + it->second + ")";
+        } else if (std::string w; !verified_commit(resolve(dir, named), &w)) {
+          state = "which cannot be loaded: " + w;
+        } else {
+          state = "but '" + best->tag + "' was committed after it (the save of '" + best->tag +
+                  "' failed or was interrupted while writing latest)";
+        }
+        why = io::quote(file) + " names '" + named + "', " + state;
+      }
     } catch (const Error& e) {
-      log::warn("ignoring the checkpoint latest file: " + e.message());
+      why = "the latest file is unreadable: " + e.message();
     }
   }
-  std::optional<std::string> best;
-  uint64_t best_ns = 0;
-  for (const auto& [tag, ns] : complete_tags(dir))
-    if (!best || ns >= best_ns) best = tag, best_ns = ns;
+  if (!skipped.empty()) why += (why.empty() ? "" : "; ") + std::string("newer ") + skipped;
+  if (!why.empty())
+    best->note = "taking '" + best->tag + "', the newest complete checkpoint in " +
+                 io::quote(dir) + ": " + why;
   return best;
+}
+
+std::optional<std::string> latest(const std::string& dir) {
+  std::optional<Newest> n = find_newest(dir);
+  if (!n) return std::nullopt;
+  if (!n->note.empty()) log::warn("checkpoint: " + n->note);
+  return n->tag;
 }
 
 LoadResult load(const std::string& dir, const std::string& tag, const LoadRequest& request) {

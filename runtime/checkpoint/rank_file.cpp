@@ -86,6 +86,17 @@ uint64_t param_table_hash(std::span<const ParamInfo> params) {
   return h;
 }
 
+uint64_t rank_file_bytes(uint64_t piece_count, uint64_t numel,
+                         std::span<const std::string> array_names, uint32_t block_elems) {
+  ZERO_REQUIRE(block_elems > 0, "checkpoint: block_elems must be > 0");
+  const uint64_t blocks = numel == 0 ? 0 : (numel - 1) / block_elems + 1;
+  uint64_t name_bytes = 0;
+  for (const std::string& n : array_names) name_bytes += 4 + n.size();
+  const uint64_t table = table_bytes_for(piece_count, name_bytes, array_names.size(), blocks);
+  return align_up(kRankHeaderBytes + table, kDataAlign) +
+         array_names.size() * align_up(numel * sizeof(float), kDataAlign);
+}
+
 void write_rank_file_at(const std::string& path, int rank, int world_size, uint64_t save_id,
                         uint64_t param_hash, std::span<const Piece> pieces,
                         std::span<const ConstArray> arrays, uint32_t block_elems) {

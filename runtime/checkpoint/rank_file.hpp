@@ -47,6 +47,11 @@ struct RankFileHeader {
   uint64_t blocks() const noexcept { return numel == 0 ? 0 : (numel - 1) / block_elems + 1; }
 };
 
+// The exact size of the rank file write_rank_file_at writes for `piece_count` pieces of `numel`
+// elements in all, and these array names.
+uint64_t rank_file_bytes(uint64_t piece_count, uint64_t numel,
+                         std::span<const std::string> array_names, uint32_t block_elems);
+
 // Writes the file at `path` (created or truncated), fsyncs and closes it. The pieces and arrays
 // must have been validated (counts > 0, inside their parameters; arrays hold sum(counts) floats).
 void write_rank_file_at(const std::string& path, int rank, int world_size, uint64_t save_id,

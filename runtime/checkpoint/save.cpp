@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <random>
 
 #include "collectives/communicator.hpp"
@@ -99,6 +100,53 @@ int first_failed(const std::vector<float>& all, size_t stride, size_t at = 0) {
   return -1;
 }
 
+// Removes a failed save's temporary directory; says what became of it, for the error message.
+std::string discard(const std::string& tmp) {
+  std::error_code ec;
+  std::filesystem::remove_all(tmp, ec);
+  if (ec)
+    return "its temporary directory " + io::quote(tmp) + " could not be removed (" + ec.message() +
+           "); the next start with this checkpoint directory removes it. Every earlier "
+           "checkpoint is untouched";
+  return "its temporary directory " + io::quote(tmp) +
+         " was removed; every earlier checkpoint is untouched";
+}
+
+// `message` with `note` as a line of its own before its HINT line (or at its end).
+std::string with_note(const std::string& message, const std::string& note) {
+  const size_t hint = message.find("\nHINT:");
+  if (hint == std::string::npos) return message + "\n" + note;
+  return message.substr(0, hint) + "\n" + note + message.substr(hint);
+}
+
+std::string join_lines(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const std::string& l : lines) out += (out.empty() ? "" : "; ") + l;
+  return out;
+}
+
+// Fault injection for the crash-safety tests (docs/checkpoint-format.md): with
+// ZERO_FAULT_KILL_DURING_SAVE=R:K in the environment, rank R kills itself with SIGKILL in its
+// K-th save() of the process (1-based), right after writing its rank file, before the commit;
+// with R:K:sealed (R = 0, the rank that commits), right after sealing the temporary directory
+// (manifest and marker durable), before moving it into place.
+int g_saves = 0;  // save() calls of this process
+
+void fault_point(int rank, bool sealed) {
+  const char* spec = std::getenv("ZERO_FAULT_KILL_DURING_SAVE");
+  if (!spec) return;
+  int r = -1, k = -1;
+  char when[16] = "";
+  const int n = std::sscanf(spec, "%d:%d:%15s", &r, &k, when);
+  const bool at_sealed = n == 3 && std::string_view(when) == "sealed";
+  if (n >= 2 && r == rank && k == g_saves && at_sealed == sealed) {
+    std::fprintf(stderr, "ZERO_FAULT_KILL_DURING_SAVE: rank %d kills itself during save %d%s\n",
+                 rank, k, sealed ? ", after sealing it" : "");
+    std::fflush(stderr);
+    std::raise(SIGKILL);
+  }
+}
+
 uint64_t new_save_id() {
   std::random_device rd;
   const uint64_t t =
@@ -117,21 +165,18 @@ std::string rank_file_name(int rank) {
 std::string begin_save(const std::string& dir, const std::string& tag) {
   check_tag(tag);
   io::make_directories(dir);
-  const std::string final_dir = join(dir, tag), old = old_dir(dir, tag);
-  if (io::is_directory(old)) {
-    if (!io::exists(final_dir) && resolve(dir, tag) == old) {
-      // A replacement was interrupted between its two renames: put the previous checkpoint
-      // back under its name before anything else happens to it.
-      io::rename_path(old, final_dir);
-      io::fsync_dir(dir);
-    } else {
-      io::remove_tree(old);  // left by a replacement that finished its renames
-    }
-  }
+  // A crashed save of this tag may have left a sealed copy (installed now: it is the newest of
+  // the tag), the previous checkpoint aside (put back) or garbage (removed).
+  (void)recover_tag(dir, tag);
   const std::string tmp = tmp_dir(dir, tag);
-  io::remove_tree(tmp);  // an interrupted save's leftovers
-  io::make_directories(tmp);
-  io::fsync_dir(dir);
+  try {
+    io::make_directories(tmp);
+    io::fsync_dir(dir);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove_all(tmp, ec);  // best effort: the error in flight says what failed
+    throw;
+  }
   return tmp;
 }
 
@@ -168,76 +213,90 @@ void commit_save(const std::string& dir, const std::string& tag, int world_size,
   m.metadata = std::string(request.metadata);
   const uint64_t hash = param_table_hash(request.params);
 
-  // Every rank's file must be visible here and belong to this save.
-  std::vector<std::vector<Piece>> pieces;
-  for (int r = 0; r < world_size; ++r) {
-    const std::string name = rank_file_name(r), path = join(tmp, name);
-    if (!io::exists(path))
-      ZERO_FAIL("checkpoint save: rank " + std::to_string(r) + " reported writing " +
-                io::quote(path) + " but rank 0 does not see it there\nHINT: " + kSharedFsHint);
-    const io::File f = io::File::open_read(path, "checkpoint rank file");
-    RankFileHeader h = read_rank_header(f);
-    const auto mismatch = [&](const std::string& what) {
-      ZERO_FAIL("checkpoint save: rank file " + io::quote(path) + " " + what +
-                "\nHINT: another job may be saving the same tag into this directory");
-    };
-    if (h.rank != r || h.world_size != world_size)
-      mismatch("is rank " + std::to_string(h.rank) + " of " + std::to_string(h.world_size) +
-               ", expected rank " + std::to_string(r) + " of " + std::to_string(world_size));
-    if (h.save_id != save_id) mismatch("belongs to another save (its save id differs)");
-    if (h.param_hash != hash) mismatch("was written for another parameter table");
-    if (h.arrays != m.arrays) mismatch("holds other arrays than rank 0's");
-    m.files.push_back({r, name, h.file_bytes, h.numel, h.pieces});
-    pieces.push_back(std::move(h.pieces));
+  // Every rank's file must be visible here and belong to this save, and the pieces must tile
+  // the model. A failure removes the temporary directory, as every failure below does.
+  try {
+    std::vector<std::vector<Piece>> pieces;
+    for (int r = 0; r < world_size; ++r) {
+      const std::string name = rank_file_name(r), path = join(tmp, name);
+      if (!io::exists(path))
+        ZERO_FAIL("checkpoint save: rank " + std::to_string(r) + " reported writing " +
+                  io::quote(path) + " but rank 0 does not see it there\nHINT: " + kSharedFsHint);
+      const io::File f = io::File::open_read(path, "checkpoint rank file");
+      RankFileHeader h = read_rank_header(f);
+      const auto mismatch = [&](const std::string& what) {
+        ZERO_FAIL("checkpoint save: rank file " + io::quote(path) + " " + what +
+                  "\nHINT: another job may be saving the same tag into this directory");
+      };
+      if (h.rank != r || h.world_size != world_size)
+        mismatch("is rank " + std::to_string(h.rank) + " of " + std::to_string(h.world_size) +
+                 ", expected rank " + std::to_string(r) + " of " + std::to_string(world_size));
+      if (h.save_id != save_id) mismatch("belongs to another save (its save id differs)");
+      if (h.param_hash != hash) mismatch("was written for another parameter table");
+      if (h.arrays != m.arrays) mismatch("holds other arrays than rank 0's");
+      m.files.push_back({r, name, h.file_bytes, h.numel, h.pieces});
+      pieces.push_back(std::move(h.pieces));
+    }
+    Coverage coverage;
+    const std::string gap = coverage.build(request.params, pieces);
+    if (!gap.empty())
+      ZERO_FAIL("checkpoint save of '" + tag +
+                "': the ranks' pieces do not cover every element exactly once: " + gap +
+                "\nHINT: every element must belong to exactly one rank's pieces (at ZeRO stage 0 "
+                "rank 0 passes all of them and the other ranks none)");
+  } catch (const Error& e) {
+    ZERO_FAIL(with_note(e.message(), discard(tmp)));
   }
-  Coverage coverage;
-  const std::string gap = coverage.build(request.params, pieces);
-  if (!gap.empty())
-    ZERO_FAIL("checkpoint save of '" + tag +
-              "': the ranks' pieces do not cover every element exactly once: " + gap +
-              "\nHINT: every element must belong to exactly one rank's pieces (at ZeRO stage 0 "
-              "rank 0 passes all of them and the other ranks none)");
 
-  // The manifest and then the marker, each durable before the directory is renamed.
-  const std::string text = manifest_to_json(m);
-  io::File mf = io::File::create(join(tmp, kManifestName), "checkpoint manifest");
-  mf.write_all(text.data(), text.size());
-  mf.sync();
-  mf.close();
-  const Marker marker{crc32c(text),
-                      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+  // The manifest and then the marker, each durable before the directory is renamed. A failure
+  // here (a full disk, most often) removes the temporary directory: it holds a whole copy of the
+  // model state, and leaving it would keep the disk full.
+  try {
+    const std::string text = manifest_to_json(m);
+    io::File mf = io::File::create(join(tmp, kManifestName), "checkpoint manifest");
+    mf.write_all(text.data(), text.size());
+    mf.sync();
+    mf.close();
+    const Marker marker{
+        crc32c(text), static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                 std::chrono::system_clock::now().time_since_epoch())
                                                 .count())};
-  const std::string mtext = marker_text(marker);
-  io::File mk = io::File::create(join(tmp, kMarkerName), "checkpoint marker");
-  mk.write_all(mtext.data(), mtext.size());
-  mk.sync();
-  mk.close();
-  io::fsync_dir(tmp);
+    const std::string mtext = marker_text(marker);
+    io::File mk = io::File::create(join(tmp, kMarkerName), "checkpoint marker");
+    mk.write_all(mtext.data(), mtext.size());
+    mk.sync();
+    mk.close();
+    io::fsync_dir(tmp);
+  } catch (const Error& e) {
+    ZERO_FAIL(with_note("checkpoint save of '" + tag + "' failed while sealing it: " + e.message(),
+                        discard(tmp)));
+  }
 
-  install(dir, tag);
-  io::write_file_atomic(join(dir, kLatestName), tag + "\n", "checkpoint latest file");
-}
-
-namespace {
-
-// Fault injection for the crash-safety tests (docs/checkpoint-format.md): with
-// ZERO_FAULT_KILL_DURING_SAVE=R:K in the environment, rank R kills itself with SIGKILL in its
-// K-th save() of the process (1-based), right after writing its rank file, before the commit.
-void fault_point(int rank) {
-  static int saves = 0;
-  ++saves;
-  const char* spec = std::getenv("ZERO_FAULT_KILL_DURING_SAVE");
-  if (!spec) return;
-  int r = -1, k = -1;
-  if (std::sscanf(spec, "%d:%d", &r, &k) == 2 && r == rank && k == saves) {
-    std::fprintf(stderr, "ZERO_FAULT_KILL_DURING_SAVE: rank %d kills itself during save %d\n", rank, k);
-    std::fflush(stderr);
-    std::raise(SIGKILL);
+  fault_point(0, /*sealed=*/true);
+  try {
+    install(dir, tag);
+  } catch (const Error& e) {
+    std::string after;
+    try {
+      const std::vector<std::string> done = recover_tag(dir, tag);
+      after = done.empty() ? "nothing was left to tidy" : "tidied up: " + join_lines(done);
+    } catch (const Error& again) {
+      after = "tidying up failed too: " + again.message();
+    }
+    ZERO_FAIL(with_note("checkpoint save of '" + tag + "' failed while moving it into place: " +
+                            e.message(),
+                        after + "; every earlier checkpoint is untouched"));
+  }
+  try {
+    io::write_file_atomic(join(dir, kLatestName), tag + "\n", "checkpoint latest file");
+  } catch (const Error& e) {
+    ZERO_FAIL("checkpoint save of '" + tag + "': the checkpoint " + io::quote(join(dir, tag)) +
+              " is complete, but " + io::quote(join(dir, kLatestName)) +
+              " could not be updated to name it: " + e.message() +
+              "\nHINT: --resume takes the newest complete checkpoint whatever latest says, so "
+              "it continues from '" + tag + "'; fix the cause above (often a full disk) first");
   }
 }
-
-}  // namespace
 
 void save(const std::string& dir, const std::string& tag, coll::Communicator& comm,
           const SaveRequest& request) {
@@ -245,6 +304,7 @@ void save(const std::string& dir, const std::string& tag, coll::Communicator& co
                "checkpoint save needs a cpu (MPI) communicator: the values it exchanges live in "
                "host memory; make one with coll::make_mpi_communicator");
   const int rank = comm.rank(), world = comm.size();
+  ++g_saves;
   const std::string what = "checkpoint save of '" + tag + "' into " + io::quote(dir) + ": ";
 
   // 1. Every rank's request is well-formed and describes the same model, arrays and tag.
@@ -309,20 +369,21 @@ void save(const std::string& dir, const std::string& tag, coll::Communicator& co
     failure = std::current_exception();
     wrote[0] = 1.0f;
   }
-  fault_point(rank);
+  fault_point(rank, /*sealed=*/false);
   const std::vector<float> written = gather(comm, wrote);
   if (const int bad = first_failed(written, 1); bad >= 0) {
-    if (rank == 0) {
+    // Garbage now, and as large as the model state: rank 0, which created it, removes it.
+    const std::string fate = rank == 0 ? discard(tmp_dir(dir, tag)) : std::string();
+    if (failure) {
+      if (rank != 0) std::rethrow_exception(failure);
       try {
-        io::remove_tree(tmp_dir(dir, tag));  // garbage now; the old checkpoint is untouched
-      } catch (const Error&) {
-        // The next begin_save of this tag removes it.
+        std::rethrow_exception(failure);
+      } catch (const Error& e) {
+        ZERO_FAIL(with_note(e.message(), fate));
       }
     }
-    if (failure) std::rethrow_exception(failure);
-    ZERO_FAIL(what + "rank " + std::to_string(bad) +
-              " could not write its file (its error says why); the previous checkpoints are "
-              "untouched");
+    ZERO_FAIL(what + "rank " + std::to_string(bad) + " could not write its file (its error says " +
+              "why); " + (rank == 0 ? fate : "the previous checkpoints are untouched"));
   }
 
   // 4. Rank 0 checks the files and commits; the others wait for its verdict.

@@ -1380,6 +1380,23 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag,
   checkpoint::save(dir, tag, host_comm, req);
 }
 
+uint64_t Engine::checkpoint_bytes() const {
+  const State& s = *s_;
+  const EnginePieces ep = s.checkpoint_pieces(true);
+  const std::vector<checkpoint::ParamInfo> table = checkpoint::param_table(s.model);
+  // Names only: save_bytes reads no data. The metadata is bounded by a generous stand-in (the
+  // engine's counters, the loss scaler and a caller's few keys are a few hundred bytes).
+  const std::vector<checkpoint::ConstArray> arrays = {{kArrays[0], nullptr}, {kArrays[1], nullptr},
+                                                      {kArrays[2], nullptr}};
+  const std::string metadata(4096, ' ');
+  checkpoint::SaveRequest req;
+  req.params = table;
+  req.pieces = ep.pieces;
+  req.arrays = arrays;
+  req.metadata = metadata;
+  return checkpoint::save_bytes(req, s.rank);
+}
+
 std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag,
                                     coll::Communicator& host_comm) {
   State& s = *s_;

@@ -225,6 +225,10 @@ class Engine {
   std::string load_checkpoint(const std::string& dir, const std::string& tag,
                               coll::Communicator& host_comm);
   int64_t steps_taken() const noexcept;    // optimizer steps so far (skipped ones included)
+  // Bytes save_checkpoint writes from this rank (checkpoint::save_bytes of its request: its rank
+  // file exactly, a bound of its part of the manifest); summed over the ranks, what one
+  // checkpoint needs on disk. Not collective; reads no state.
+  uint64_t checkpoint_bytes() const;
 
   // Replaces every parameter's value (values[p]: parameter p, whole, row-major, as
   // checkpoint::import_safetensors returns them): the fp32 master and the working copy; Adam's

@@ -166,11 +166,16 @@ TEST_CASE("checkpoint: commit refuses pieces that do not tile the model, and bad
   write_rank_file(tmp, 0, 2, 1, rs[0].request);
   write_rank_file(tmp, 1, 2, 2, rs[1].request);
   CHECK_THROWS_WITH(commit_save(dir.path, "t", 2, 1, rs[0].request),
-                    ContainsSubstring("rank_00001.bin") && ContainsSubstring("another save"));
-  fs::remove(tmp + "/rank_00001.bin");
+                    ContainsSubstring("rank_00001.bin") && ContainsSubstring("another save") &&
+                        ContainsSubstring("its temporary directory '" + tmp + "' was removed"));
+  CHECK_FALSE(fs::exists(tmp));  // a failed commit leaves nothing behind
+  tmp = begin_save(dir.path, "t");
+  write_rank_file(tmp, 0, 2, 1, rs[0].request);
   CHECK_THROWS_WITH(commit_save(dir.path, "t", 2, 1, rs[0].request),
                     ContainsSubstring("rank 0 does not see it") &&
                         ContainsSubstring("filesystem every rank shares"));
+  CHECK(entries(dir.path).empty());
+  tmp = begin_save(dir.path, "t");
   // A rank whose temporary directory does not exist (a node-local dir on another host).
   CHECK_THROWS_WITH(write_rank_file(dir / "elsewhere", 1, 2, 1, rs[1].request),
                     ContainsSubstring("does not exist on the host of rank 1") &&
@@ -198,14 +203,22 @@ TEST_CASE("checkpoint: latest names the newest complete checkpoint") {
   CHECK(latest(dir.path) == "a");
   sliced(params, 2).run(dir.path, "b");
   CHECK(latest(dir.path) == "b");
-  // A user points latest back at an older checkpoint (as DeepSpeed users do): honoured.
+  CHECK(find_newest(dir.path)->note.empty());  // latest agrees: nothing to say
+  // latest names an older checkpoint (the save of b could not update it): the newest committed
+  // wins, and the note says which and why.
   write_bytes(dir / "latest", {'a', '\n'});
-  CHECK(latest(dir.path) == "a");
+  CHECK(latest(dir.path) == "b");
+  CHECK_THAT(find_newest(dir.path)->note,
+             ContainsSubstring("taking 'b', the newest complete checkpoint") &&
+                 ContainsSubstring("names 'a', but 'b' was committed after it"));
   // latest names a deleted checkpoint, then there is no latest file: the newest committed wins.
   fs::remove_all(dir / "a");
   CHECK(latest(dir.path) == "b");
+  CHECK_THAT(find_newest(dir.path)->note,
+             ContainsSubstring("names 'a', which cannot be loaded: it does not exist"));
   fs::remove(dir / "latest");
   CHECK(latest(dir.path) == "b");
+  CHECK_THAT(find_newest(dir.path)->note, ContainsSubstring("there is no latest file"));
   // An incomplete directory is never a candidate.
   fs::remove(dir / "b/COMPLETE");
   CHECK_FALSE(latest(dir.path).has_value());
@@ -215,6 +228,24 @@ TEST_CASE("checkpoint: latest names the newest complete checkpoint") {
   CHECK_THROWS_WITH(load_pieces(dir.path, "zzz", params, {}),
                     ContainsSubstring("no checkpoint 'zzz'") &&
                         ContainsSubstring("holds no complete checkpoint"));
+}
+
+TEST_CASE("checkpoint: find_newest skips a newer checkpoint whose manifest is damaged") {
+  TempDir dir;
+  const auto params = model_params(1);
+  sliced(params, 2).run(dir.path, "a");
+  sliced(params, 2).run(dir.path, "b");
+  // b's manifest changed after its save: its marker's checksum no longer matches.
+  std::vector<char> m = read_bytes(dir / "b/manifest.json");
+  m[m.size() / 2] ^= 1;
+  write_bytes(dir / "b/manifest.json", m);
+  const std::optional<Newest> n = find_newest(dir.path);
+  REQUIRE(n.has_value());
+  CHECK(n->tag == "a");
+  CHECK_THAT(n->note, ContainsSubstring("names 'b', which is damaged") &&
+                          ContainsSubstring("does not match the checksum in its marker") &&
+                          ContainsSubstring("newer 'b' is damaged"));
+  check_pieces(dir.path, n->tag, params, slicing(params, 1, 0));
 }
 
 TEST_CASE("checkpoint: overwriting a tag replaces it whole, at another world size") {
@@ -266,6 +297,10 @@ TEST_CASE("checkpoint: a crash mid-save leaves the previous checkpoint latest an
     fs::copy_file(dir / "old/manifest.json", tmp + "/manifest.json");
     CHECK(latest(dir.path) == "old");
     check_pieces(dir.path, "old", params, slicing(params, 1, 0));  // the old values
+    // Unsealed: the start-up tidying removes it and keeps the complete one.
+    CHECK(clean_leftovers(dir.path).size() == 1);
+    CHECK(entries(dir.path) == std::vector<std::string>{"latest", "old"});
+    check_pieces(dir.path, "old", params, slicing(params, 1, 0));
   }
   SECTION("crash after the marker, before the rename") {
     next.run(dir.path, "staged");
@@ -274,11 +309,20 @@ TEST_CASE("checkpoint: a crash mid-save leaves the previous checkpoint latest an
     CHECK(latest(dir.path) == "old");  // a complete temporary directory is still never loaded
     CHECK_THROWS_WITH(load_pieces(dir.path, "new", params, {}),
                       ContainsSubstring("no checkpoint 'new'"));
+    // The start-up tidying installs it: it is sealed, and the only copy of its tag.
+    const std::vector<std::string> done = clean_leftovers(dir.path);
+    REQUIRE(done.size() == 1);
+    CHECK_THAT(done[0], ContainsSubstring("installed") && ContainsSubstring(".new.tmp"));
+    CHECK(latest(dir.path) == "new");
+    check_pieces(dir.path, "new", params, slicing(params, 1, 0), 100.0f);
+    CHECK(entries(dir.path) == std::vector<std::string>{"latest", "new", "old"});
   }
   SECTION("crash after the rename, before latest was updated") {
     next.run(dir.path, "new");
     write_bytes(dir / "latest", {'o', 'l', 'd', '\n'});  // as it was before the rename
-    CHECK(latest(dir.path) == "old");
+    // The newer complete checkpoint is not skipped because latest lags behind it.
+    CHECK(latest(dir.path) == "new");
+    CHECK_THAT(find_newest(dir.path)->note, ContainsSubstring("names 'old', but 'new'"));
     check_pieces(dir.path, "old", params, slicing(params, 1, 0));
     check_pieces(dir.path, "new", params, slicing(params, 1, 0), 100.0f);
   }

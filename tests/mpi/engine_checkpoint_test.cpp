@@ -136,6 +136,21 @@ TEST_CASE("engine checkpoint: an interrupted and resumed run is bitwise the unin
           const std::vector<double> head = first.run(0, kSaveAt);
           CHECK(std::equal(head.begin(), head.end(), want.begin()));
           first.engine->save_checkpoint(dir.path, tag, world(), R"({"next_step": 3})");
+          // checkpoint_bytes: this rank's file exactly, plus a bound of its part of the
+          // manifest; summed, it covers every file of the checkpoint (exact in fp32: < 2^24).
+          const uint64_t mine = first.engine->checkpoint_bytes();
+          const uint64_t file = std::filesystem::file_size(
+              dir.path + "/" + tag + "/" + checkpoint::rank_file_name(world().rank()));
+          CHECK(mine >= file);
+          float sum = static_cast<float>(mine);
+          world().all_reduce(&sum, &sum, 1, DType::f32, coll::ReduceOp::sum).wait();
+          uint64_t on_disk = std::filesystem::file_size(dir.path + "/latest");
+          for (const auto& e : std::filesystem::directory_iterator(dir.path + "/" + tag))
+            on_disk += e.file_size();
+          CHECK(static_cast<uint64_t>(sum) >= on_disk);
+          // The allowance is generous (the engine reserves 32 KiB for metadata of ~300 bytes),
+          // which is nothing next to a real model's arrays but bounds how loose it may be.
+          CHECK(static_cast<uint64_t>(sum) - on_disk < 64 * 1024 + 2048 * uint64_t(world().size()));
         }
         Trainer second(world(), o);
         CHECK(second.engine->load_checkpoint(dir.path, tag, world()) == R"({"next_step":3})");
