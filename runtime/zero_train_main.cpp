@@ -9,6 +9,8 @@
 //     host thread budget, the model state per rank and the ledger), one line every
 //     steps_per_print steps, a progress bar on a terminal, JSON lines of metrics to a file,
 //     checkpoints (--checkpoint-dir, --save-interval) and exact resume (--resume).
+//   mpirun -np N zero-train --config ds_config.json --eval-only [--resume | --init-from F]
+//     Evaluates the weights on the held-out set and exits: the same loss on any number of ranks.
 //   zero-train export --checkpoint DIR [--tag TAG] --out FILE.safetensors [--hf-config]
 //     Writes a checkpoint's fp32 master weights, consolidated, as safetensors with Hugging Face
 //     GPT-2 names; with --hf-config also the config.json beside it that transformers'
@@ -51,6 +53,8 @@
 #include "runtime/core/world.hpp"
 #include "runtime/engine/engine.hpp"
 #include "runtime/engine/from_config.hpp"
+#include "runtime/held_out_eval.hpp"
+#include "runtime/metrics_file.hpp"
 
 namespace {
 
@@ -60,6 +64,7 @@ constexpr int kExitLost = 3;     // a rank or host stopped answering (the watchd
 
 const char* const kHelp = R"(usage: [mpirun -np N] zero-train --config FILE [options]
        zero-train --config FILE --validate
+       [mpirun -np N] zero-train --config FILE --eval-only [--resume | --init-from FILE]
        zero-train export --checkpoint DIR [--tag TAG] --out FILE.safetensors [--hf-config]
 
 Trains a GPT with ZeRO stages 0-3 and CPU offload, configured by a DeepSpeed ds_config.json.
@@ -78,10 +83,18 @@ options:
   --data PATTERN        train on llm.c token shards (files or a glob, e.g. 'fineweb_train_*.bin';
                         quote it), sequences of the model's seq_len. Default: the embedded
                         2-digit addition task.
-  --eval-interval N     every N steps (and at the end), the mean loss on held-out data: the
-                        addition task's held-out problems, or --eval-data. 0: never (default).
-  --eval-data PATTERN   token shards for the evaluation with --data.
-  --eval-batches N      micro-batches per rank per evaluation (default 4).
+  --eval-interval N     every N steps (and at the end), the held-out loss (mean per target
+                        token) over the held-out set: the addition task's held-out problems, or
+                        every window of --eval-data in file order. The same weights give the
+                        same loss on any number of ranks. 0: never (default).
+  --eval-data PATTERN   token shards for the evaluation (with --data, or with --eval-only).
+  --eval-sequences N    evaluate only the first N sequences of the held-out set (in its fixed
+                        order: problems in the split's order, windows in file order); default 0:
+                        the whole set.
+  --eval-only           evaluate the weights (--resume: the newest checkpoint of
+                        --checkpoint-dir; --init-from FILE; else the seed's) once on the held-out
+                        set, write the result to the metrics file and exit; nothing is trained
+                        or saved.
   --checkpoint-dir DIR  where checkpoints go (DIR/step_00000100/...; DIR/latest names the newest).
                         Must be one filesystem every rank sees. Saved every --save-interval steps
                         and at the end.
@@ -106,6 +119,8 @@ options:
                         saves do not trigger it: only a rank whose process stopped answering.
   --metrics FILE        JSON lines of per-step metrics, appended (default:
                         DIR/metrics.jsonl with --checkpoint-dir, else zero-train-metrics.jsonl).
+                        Opened before training (exit 2 if it cannot be); a write that fails
+                        later stops the run (exit 1).
   --progress WHEN       a progress bar between log lines: auto (default: when stdout is a
                         terminal and not under mpirun, whose output forwarding looks like a
                         terminal even into a pipe), on, off.
@@ -136,8 +151,8 @@ struct Flags {
   std::string progress = "auto";
   std::optional<long long> seed;
   std::optional<double> watchdog_timeout;
-  long long eval_interval = 0, eval_batches = 4, save_interval = 0;
-  bool resume = false, validate = false, help = false, no_space_check = false;
+  long long eval_interval = 0, eval_sequences = 0, save_interval = 0;
+  bool resume = false, validate = false, help = false, eval_only = false, no_space_check = false;
   std::string export_dir, export_tag, export_out;
   bool export_hf_config = false;
   std::optional<long long> export_n_head;
@@ -204,8 +219,14 @@ Flags parse_flags(int argc, char** argv) {
       text(f.eval_data);
     } else if (name == "--eval-interval") {
       if (auto n = count(false)) f.eval_interval = *n;
+    } else if (name == "--eval-sequences") {
+      if (auto n = count(false)) f.eval_sequences = *n;
     } else if (name == "--eval-batches") {
-      if (auto n = count(true)) f.eval_batches = *n;
+      // Counted per rank, so the evaluated set changed with the world size (issue 16).
+      f.errors.push_back("--eval-batches was replaced by --eval-sequences N: an evaluation covers the "
+                         "whole held-out set, or its first N sequences, the same on any number of ranks");
+    } else if (name == "--eval-only") {
+      f.eval_only = true;
     } else if (name == "--checkpoint-dir") {
       text(f.checkpoint_dir);
     } else if (name == "--save-interval") {
@@ -260,8 +281,11 @@ Flags parse_flags(int argc, char** argv) {
   if (f.resume && !f.init_from.empty())
     f.errors.push_back("--resume and --init-from exclude each other: a resumed run takes its "
                        "weights from the checkpoint");
-  if (!f.eval_data.empty() && f.data.empty())
-    f.errors.push_back("--eval-data needs --data (the addition task has its own held-out set)");
+  if (!f.eval_data.empty() && f.data.empty() && !f.eval_only)
+    f.errors.push_back("--eval-data needs --data (the addition task has its own held-out set) or "
+                       "--eval-only");
+  if (f.eval_only && f.save_interval > 0)
+    f.errors.push_back("--eval-only trains nothing, so there is nothing to save: drop --save-interval");
   return f;
 }
 
@@ -499,19 +523,48 @@ int check_checkpoint_dir(zero::World& world, const Flags& flags, const zero::Eng
 }
 
 // The batches of a run: the addition task or token shards, and their held-out counterparts.
+// With --eval-only and --eval-data alone there is no training data.
 struct Data {
   std::unique_ptr<zero::models::data::AdditionTask> addition;
   std::unique_ptr<zero::models::data::TokenShards> shards, eval_shards;
   int seq_len = 0;
+  bool has_train() const { return addition || shards; }
   const zero::models::data::Dataset& train() const {
     return shards ? static_cast<const zero::models::data::Dataset&>(*shards) : *addition;
   }
+  std::string describe() const {
+    return has_train() ? train().describe() : "held-out only: " + eval_shards->describe();
+  }
   bool has_eval() const { return addition || eval_shards; }
-  zero::models::data::TokenBatch held_out(int64_t first, int count) const {
-    if (addition) return addition->held_out_batch(first, count, seq_len);
-    return eval_shards->batch(first, count, seq_len);
+  // The fixed, ordered held-out set (docs/training.md): the addition task's held-out problems
+  // in the split's order, or the --eval-data windows in file order.
+  zero::HeldOutSet held_out() const {
+    zero::HeldOutSet set;
+    if (addition) {
+      set.size = addition->held_out_set_size(seq_len);
+      set.read = [this](int64_t first, int count) { return addition->held_out_set_batch(first, count, seq_len); };
+      set.exact_match = true;
+    } else {
+      set.size = eval_shards->windows_per_epoch(seq_len);
+      set.read = [this](int64_t first, int count) { return eval_shards->ordered_batch(first, count, seq_len); };
+    }
+    return set;
   }
 };
+
+// Reads data inside a step or an evaluation, where the other ranks may already wait in a
+// collective for this one: a failure (a token shard changed under the run, a read error) ends
+// the whole job at once with this rank's message and exit code 1, rather than unwinding through
+// an engine whose peers would wait forever.
+template <class F>
+auto read_or_end_job(zero::World& world, const char* what, F&& read) {
+  try {
+    return read();
+  } catch (const std::exception& e) {
+    world.abort(kExitFailure, std::string("zero-train: ") + what + " on rank " + std::to_string(world.rank()) +
+                                  ": " + error_text(e));
+  }
+}
 
 int train(zero::World& world, const Flags& flags) {
   using namespace zero;
@@ -527,8 +580,16 @@ int train(zero::World& world, const Flags& flags) {
 
   // Data, checked on every rank before anything is allocated.
   Data data;
-  if (!on_all_ranks(world, flags.data.empty() ? "data" : "--data " + flags.data, [&] {
-        if (flags.data.empty()) {
+  const std::string data_what = !flags.data.empty()        ? "--data " + flags.data
+                                : !flags.eval_data.empty() ? "--eval-data " + flags.eval_data
+                                                           : std::string("data");
+  if (!on_all_ranks(world, data_what, [&] {
+        if (flags.data.empty() && !flags.eval_data.empty()) {  // --eval-only on token shards
+          data.seq_len = shape.seq_len;
+          data.eval_shards = std::make_unique<models::data::TokenShards>(flags.eval_data, shape.vocab_size,
+                                                                          static_cast<uint64_t>(c.seed) + 1);
+          (void)data.eval_shards->windows_per_epoch(data.seq_len);
+        } else if (flags.data.empty()) {
           data.addition = std::make_unique<models::data::AdditionTask>(
               models::data::AdditionOptions{.digits = 2, .seed = static_cast<uint64_t>(c.seed), .held_out_fraction = 0.1});
           data.seq_len = data.addition->min_seq_len();
@@ -549,12 +610,34 @@ int train(zero::World& world, const Flags& flags) {
         }
       }))
     return kExitUsage;
-  if (flags.eval_interval > 0 && !data.has_eval()) {
+  if ((flags.eval_interval > 0 || flags.eval_only) && !data.has_eval()) {
     if (world.is_root())
-      std::fprintf(stderr, "zero-train: error: --eval-interval with --data needs --eval-data "
-                           "PATTERN (held-out token shards)\n");
+      std::fprintf(stderr, "zero-train: error: %s with --data needs --eval-data PATTERN (held-out "
+                           "token shards)\n", flags.eval_only ? "--eval-only" : "--eval-interval");
     return kExitUsage;
   }
+
+  // The metrics file, opened now so that an unwritable path is a usage error before anything is
+  // built or trained (rank 0 writes it; every rank learns the outcome).
+  std::string metrics_path = flags.metrics;
+  if (metrics_path.empty())
+    metrics_path = flags.checkpoint_dir.empty() ? "zero-train-metrics.jsonl" : flags.checkpoint_dir + "/metrics.jsonl";
+  std::optional<MetricsFile> metrics;
+  if (!on_all_ranks(world, "--metrics", [&] {
+        if (!world.is_root()) return;
+        if (!flags.checkpoint_dir.empty()) {
+          std::error_code ec;
+          std::filesystem::create_directories(flags.checkpoint_dir, ec);
+        }
+        metrics = MetricsFile::open(metrics_path);
+      }))
+    return kExitUsage;
+  // Appends a line on rank 0; a failed write stops the run on every rank (exit 1).
+  auto write_metrics = [&](const std::string& text) {
+    return on_all_ranks(world, "--metrics", [&] {
+      if (metrics) metrics->append(text);
+    });
+  };
 
   DeviceOptions dopt;
   dopt.memory_limit = static_cast<size_t>(c.ours.device_memory_limit);
@@ -640,7 +723,7 @@ int train(zero::World& world, const Flags& flags) {
                 o.offload_optimizer ? ", optimizer offloaded to host memory" : "",
                 o.offload_param ? ", parameters offloaded" : "",
                 std::string(to_string(o.param_type)).c_str(), c.batch.train_batch_size, B, GA, W, steps,
-                c.seed, data.train().describe().c_str(), T);
+                c.seed, data.describe().c_str(), T);
   log::info(line);
   log::info(budget.explanation);
   // What decides whether another machine reproduces this run's losses bit for bit.
@@ -717,7 +800,7 @@ int train(zero::World& world, const Flags& flags) {
       };
       differs("seed", c.seed);
       differs("train_batch_size", c.batch.train_batch_size);
-      differs("data", data.train().describe());
+      if (data.has_train()) differs("data", data.train().describe());
     }
   } else if (!flags.init_from.empty()) {
     phase::set("loading --init-from");
@@ -732,29 +815,6 @@ int train(zero::World& world, const Flags& flags) {
     log::info("zero-train: initial weights from " + flags.init_from);
   }
 
-  std::string metrics_path = flags.metrics;
-  if (metrics_path.empty())
-    metrics_path = flags.checkpoint_dir.empty() ? "zero-train-metrics.jsonl" : flags.checkpoint_dir + "/metrics.jsonl";
-  std::FILE* metrics = nullptr;
-  if (world.is_root()) {
-    if (!flags.checkpoint_dir.empty()) {
-      std::error_code ec;
-      std::filesystem::create_directories(flags.checkpoint_dir, ec);
-    }
-    metrics = std::fopen(metrics_path.c_str(), "a");
-  }
-  int metrics_ok = world.is_root() ? (metrics != nullptr) : 1;
-  ZERO_CHECK_MPI(MPI_Bcast(&metrics_ok, 1, MPI_INT, 0, world.comm()));
-  if (!metrics_ok) {
-    if (world.is_root())
-      std::fprintf(stderr, "zero-train: error: cannot open the metrics file %s for appending: %s\n",
-                   metrics_path.c_str(), std::strerror(errno));
-    return kExitUsage;
-  }
-  struct Closer {
-    std::FILE* f;
-    ~Closer() { if (f) std::fclose(f); }
-  } closer{metrics};
   const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
   const bool bar = world.is_root() && (flags.progress == "on" ||
                                        (flags.progress == "auto" && ::isatty(STDOUT_FILENO) && !launched));
@@ -801,43 +861,66 @@ int train(zero::World& world, const Flags& flags) {
     log::info(line);
     return true;
   };
+  // The held-out evaluation (runtime/held_out_eval.hpp): the fixed set, or its first
+  // --eval-sequences sequences, in chunks of the micro-batch spread over the ranks; the same
+  // loss on any world size. Returns false when the metrics line could not be written.
+  HeldOutSet held_out = data.has_eval() ? data.held_out() : HeldOutSet{};
+  held_out.read = [&world, read = held_out.read](int64_t first, int count) {
+    return read_or_end_job(world, "reading the held-out data", [&] { return read(first, count); });
+  };
   auto evaluate = [&](long long step) {
     phase::Scope in_phase("evaluation");
-    // Held-out loss, and for the addition task exact match: a problem counts when every digit of
-    // its sum is the model's most likely next token (teacher-forced; equal to greedy decoding
-    // for a causal model, see AdditionTask::score).
-    double sum = 0, problems = 0, correct = 0;
-    std::vector<int32_t> predictions;
-    for (long long k = 0; k < flags.eval_batches; ++k) {
-      const int64_t first = (static_cast<int64_t>(k) * W + world.rank()) * B;
-      const models::data::TokenBatch tb = data.held_out(first, B);
-      sum += engine->evaluate(to_device(tb), data.addition ? &predictions : nullptr);
-      if (data.addition) {
-        const models::data::AdditionScore sc = models::data::AdditionTask::score(tb, predictions);
-        problems += static_cast<double>(sc.problems);
-        correct += static_cast<double>(sc.correct);
-      }
-    }
-    double v[3] = {sum / static_cast<double>(flags.eval_batches) / W, problems, correct};
-    ZERO_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_DOUBLE, MPI_SUM, world.comm()));
-    const double loss = v[0];
+    const HeldOutResult r = evaluate_held_out(
+        held_out, flags.eval_sequences, B, /*collective_forward=*/o.stage == 3, world.comm(),
+        [&](const models::data::TokenBatch& tb, std::vector<int32_t>* argmax) {
+          return engine->evaluate(to_device(tb), argmax);
+        });
+    // Exact match (addition task): a problem counts when every digit of its sum is the model's
+    // most likely next token (teacher-forced; equal to greedy decoding for a causal model, see
+    // AdditionTask::score).
     std::string match;
-    if (data.addition && v[1] > 0) {
+    if (r.problems > 0) {
       char b[96];
-      std::snprintf(b, sizeof b, " | exact match %.1f%% of %.0f held-out sums", 100.0 * v[2] / v[1], v[1]);
+      std::snprintf(b, sizeof b, " | exact match %.1f%% of %lld held-out sums",
+                    100.0 * static_cast<double>(r.correct) / static_cast<double>(r.problems),
+                    static_cast<long long>(r.problems));
       match = b;
     }
-    std::snprintf(line, sizeof line, "eval step %lld | held-out loss %.4f (%lld sequences)%s", step, loss,
-                  static_cast<long long>(flags.eval_batches) * B * W, match.c_str());
+    std::snprintf(line, sizeof line, "eval step %lld | held-out loss %.4f (%lld of %lld sequences)%s", step,
+                  r.loss, static_cast<long long>(r.sequences), static_cast<long long>(held_out.size),
+                  match.c_str());
     log::info(line);
-    if (metrics) {
-      if (data.addition && v[1] > 0)
-        std::fprintf(metrics, "{\"step\": %lld, \"eval_loss\": %.17g, \"eval_exact_match\": %.17g}\n", step, loss, v[2] / v[1]);
-      else
-        std::fprintf(metrics, "{\"step\": %lld, \"eval_loss\": %.17g}\n", step, loss);
-      std::fflush(metrics);
-    }
+    char text[256];
+    if (r.problems > 0)
+      std::snprintf(text, sizeof text,
+                    "{\"step\": %lld, \"eval_loss\": %.17g, \"eval_exact_match\": %.17g, \"eval_sequences\": %lld}",
+                    step, r.loss, static_cast<double>(r.correct) / static_cast<double>(r.problems),
+                    static_cast<long long>(r.sequences));
+    else
+      std::snprintf(text, sizeof text, "{\"step\": %lld, \"eval_loss\": %.17g, \"eval_sequences\": %lld}", step,
+                    r.loss, static_cast<long long>(r.sequences));
+    return write_metrics(text);
   };
+  if (data.has_eval() && (flags.eval_interval > 0 || flags.eval_only)) {
+    const int64_t n =
+        flags.eval_sequences > 0 ? std::min<int64_t>(flags.eval_sequences, held_out.size) : held_out.size;
+    std::snprintf(line, sizeof line,
+                  "eval: %lld of the %lld held-out sequences (%s), %d per forward pass, spread over %d rank(s)",
+                  static_cast<long long>(n), static_cast<long long>(held_out.size),
+                  data.addition ? "the addition task's held-out problems, in the split's order"
+                                : "the --eval-data windows, in file order",
+                  B, W);
+    log::info(line);
+  }
+  if (flags.eval_only) {
+    if (!evaluate(engine->steps_taken())) return kExitFailure;
+    if (!on_all_ranks(world, "--metrics", [&] {
+          if (metrics) metrics->close();
+        }))
+      return kExitFailure;
+    log::info("zero-train: evaluation only: nothing trained, nothing saved");
+    return 0;
+  }
 
   if (first_step > steps)
     log::info("zero-train: the checkpoint is at step " + std::to_string(first_step - 1) +
@@ -850,7 +933,8 @@ int train(zero::World& world, const Flags& flags) {
     const double t_step = now_seconds();
     const StepStats st = engine->step([&](int m) {
       const int64_t first = ((static_cast<int64_t>(step - 1) * W + world.rank()) * GA + m) * B;
-      return to_device(data.train().batch(first, B, T));
+      return to_device(read_or_end_job(world, "reading the training data",
+                                       [&] { return data.train().batch(first, B, T); }));
     });
     const double dt_step = now_seconds() - t_step;
     ++since;
@@ -860,7 +944,8 @@ int train(zero::World& world, const Flags& flags) {
     ZERO_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, world.comm()));
     const LedgerSnapshot snap = device->ledger().snapshot();
     const double tokens = static_cast<double>(W) * GA * B * T;
-    if (metrics) {
+    std::string metrics_line;
+    if (world.is_root()) {
       nlohmann::json j = {{"step", step},
                           {"loss", loss},
                           {"lr", st.lr},
@@ -890,8 +975,7 @@ int train(zero::World& world, const Flags& flags) {
         const size_t end = text.find_first_of(",}", at + key.size());
         text.replace(at + key.size(), end - at - key.size(), exact);
       }
-      std::fprintf(metrics, "%s\n", text.c_str());
-      std::fflush(metrics);
+      metrics_line = std::move(text);
     }
     const bool print = step % c.steps_per_print == 0 || step == steps || step == first_step;
     if (bar && !print) {
@@ -933,12 +1017,19 @@ int train(zero::World& world, const Flags& flags) {
       t_last = t;
       since = 0;
     }
-    if (flags.eval_interval > 0 && (step % flags.eval_interval == 0 || step == steps)) evaluate(step);
+    // After the log line, so that a failing metrics file still leaves this step on the screen.
+    if (!write_metrics(metrics_line)) return kExitFailure;
+    if (flags.eval_interval > 0 && (step % flags.eval_interval == 0 || step == steps))
+      if (!evaluate(step)) return kExitFailure;
     if (!flags.checkpoint_dir.empty() &&
         ((flags.save_interval > 0 && step % flags.save_interval == 0) || step == steps))
       if (!save(step)) return kExitFailure;
   }
   phase::set("finishing");
+  if (!on_all_ranks(world, "--metrics", [&] {
+        if (metrics) metrics->close();
+      }))
+    return kExitFailure;
   log::info("zero-train: done; the ledger at the end:\n" + device->ledger().snapshot().table());
   return 0;
 }
@@ -959,7 +1050,23 @@ int main(int argc, char** argv) {
       }
       return kExitUsage;
     }
-    if (flags.export_mode) return export_checkpoint(world, flags);
-    return flags.validate ? validate(world, flags) : train(world, flags);
+    int code = flags.export_mode ? export_checkpoint(world, flags)
+               : flags.validate    ? validate(world, flags)
+                                   : train(world, flags);
+    // The standard output is a file too (`--validate > effective.json`, a log on a full disk):
+    // a failed write there must not end in exit 0 with the output silently cut short.
+    errno = 0;
+    const bool flushed = std::fflush(stdout) == 0;
+    if (!flushed || std::ferror(stdout) || zero::log::stdout_write_error() != 0) {
+      const int err = zero::log::stdout_write_error() != 0 ? zero::log::stdout_write_error() : errno;
+      std::fprintf(stderr,
+                   "%szero-train: error: writing the standard output failed%s%s: what it printed is "
+                   "incomplete\nHINT: free space where the output goes (or redirect it elsewhere)%s\n",
+                   world.size() > 1 ? ("[rank " + std::to_string(world.rank()) + "] ").c_str() : "",
+                   err != 0 ? ": " : "", err != 0 ? std::strerror(err) : "",
+                   code == 0 && !flags.export_mode && !flags.validate ? "; the run itself finished" : "");
+      if (code == 0) code = kExitFailure;
+    }
+    return code;
   });
 }

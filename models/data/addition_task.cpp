@@ -91,6 +91,28 @@ TokenBatch AdditionTask::held_out_batch(int64_t first_sequence, int count, int s
   return make_batch(Split::held_out, first_sequence, count, seq_len);
 }
 
+int64_t AdditionTask::held_out_set_size(int seq_len) const {
+  ZERO_REQUIRE(num_held_out_ > 0,
+               std::string("addition task: the held-out set is empty: held_out_fraction is 0") +
+                   "\nHINT: set held_out_fraction > 0 (default 0.1) to evaluate on problems the "
+                   "model never trained on");
+  ZERO_REQUIRE(seq_len >= min_seq_len(),
+               "addition task: held_out_set_size(): seq_len " + std::to_string(seq_len) +
+                   " cannot hold one problem; it must be at least " + std::to_string(min_seq_len()));
+  const int64_t k = problems_per_sequence(seq_len);
+  return (num_held_out_ + k - 1) / k;
+}
+
+TokenBatch AdditionTask::held_out_set_batch(int64_t first_sequence, int count, int seq_len) const {
+  const int64_t size = held_out_set_size(seq_len);
+  check_range("addition task: held_out_set_batch()", first_sequence, count);
+  ZERO_REQUIRE(first_sequence <= size - count,
+               "addition task: held_out_set_batch(): sequences [" + std::to_string(first_sequence) +
+                   ", +" + std::to_string(count) + ") leave the held-out set of " +
+                   std::to_string(size) + " sequences of seq_len " + std::to_string(seq_len));
+  return make_batch(Split::held_out_set, first_sequence, count, seq_len);
+}
+
 // Problem rank u -> problem index split_(u). Ranks [0, num_held_out_) are the held-out set and
 // [num_held_out_, num_problems_) the training set, so the two sets are disjoint by construction
 // (split_ is a bijection) and a draw never needs rejection. The rank is a 64-bit hash reduced
@@ -128,8 +150,9 @@ std::string AdditionTask::format_problem(int64_t a, int64_t b) const {
 
 TokenBatch AdditionTask::make_batch(Split split, int64_t first_sequence, int count,
                                     int seq_len) const {
-  const char* what =
-      split == Split::train ? "addition task: batch()" : "addition task: held_out_batch()";
+  const char* what = split == Split::train      ? "addition task: batch()"
+                     : split == Split::held_out ? "addition task: held_out_batch()"
+                                                : "addition task: held_out_set_batch()";
   check_range(what, first_sequence, count);
   const int d = options_.digits, len = problem_length();
   ZERO_REQUIRE(seq_len >= min_seq_len(),
@@ -153,8 +176,20 @@ TokenBatch AdditionTask::make_batch(Split split, int64_t first_sequence, int cou
   for (int r = 0; r < count; ++r) {
     const int64_t sequence = first_sequence + r;
     std::fill(chars.begin(), chars.end(), kPad);
+    int filled = per_row;
     for (int slot = 0; slot < per_row; ++slot) {
-      const int64_t x = draw_problem(split, sequence, slot);
+      int64_t x = 0;
+      if (split == Split::held_out_set) {
+        // The set in the split's order; the last sequence ends where the set does.
+        const int64_t u = sequence * per_row + slot;
+        if (u >= num_held_out_) {
+          filled = slot;
+          break;
+        }
+        x = static_cast<int64_t>(split_(static_cast<uint64_t>(u)));
+      } else {
+        x = draw_problem(split, sequence, slot);
+      }
       const int64_t a = x / operand_limit_, b = x % operand_limit_;
       int32_t* p = &chars[static_cast<size_t>(slot) * len];
       put_digits(p, a, d, false);
@@ -169,7 +204,7 @@ TokenBatch AdditionTask::make_batch(Split split, int64_t first_sequence, int cou
     // Answer characters of problem `slot` sit at [start + 2d + 2, start + 3d + 3); position t
     // predicts character t + 1, so its answer targets are positions [start + 2d + 1, start + 3d +
     // 2) (from the '=' to the second-to-last answer digit). All are < seq_len: the problem fits.
-    for (int slot = 0; slot < per_row; ++slot) {
+    for (int slot = 0; slot < filled; ++slot) {
       const int start = slot * len;
       for (int t = start + 2 * d + 1; t < start + 3 * d + 2; ++t) {
         out.targets[row + static_cast<size_t>(t)] = chars[static_cast<size_t>(t) + 1];

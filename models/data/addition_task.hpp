@@ -64,6 +64,15 @@ class AdditionTask final : public Dataset {
   // stream of its own: held_out_batch(i) shares nothing with batch(i)). Throws zero::Error when
   // held_out_fraction is 0.
   TokenBatch held_out_batch(int64_t first_sequence, int count, int seq_len) const;
+  // The held-out set itself, each problem once, in a fixed order (for evaluation): held-out
+  // problem j, j in [0, num_held_out()), is the j-th of the split's order (the same seeded
+  // permutation that chose the set, so any prefix is a uniform sample of it); sequence i holds
+  // problems i*k .. i*k + k - 1 (k = problems_per_sequence(seq_len)), the last sequence only those
+  // that remain, then padding. held_out_set_size(seq_len) = ceil(num_held_out() / k) sequences.
+  // Depends on the seed (which problems are held out) and seq_len only. Throws zero::Error when
+  // held_out_fraction is 0, seq_len < min_seq_len(), or the range leaves the set.
+  int64_t held_out_set_size(int seq_len) const;
+  TokenBatch held_out_set_batch(int64_t first_sequence, int count, int seq_len) const;
 
   // Scores teacher-forced predictions: `predictions` [rows*cols] holds the model's argmax token
   // at every position of `batch` (which must come from batch() or held_out_batch()). A problem
@@ -87,7 +96,7 @@ class AdditionTask final : public Dataset {
   std::string format_problem(int64_t a, int64_t b) const;  // e.g. "07+45=250\n"
 
  private:
-  enum class Split { train, held_out };
+  enum class Split { train, held_out, held_out_set };
   TokenBatch make_batch(Split split, int64_t first_sequence, int count, int seq_len) const;
   int64_t draw_problem(Split split, int64_t sequence, int slot) const;  // a * 10^digits + b
 

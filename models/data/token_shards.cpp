@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <glob.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,7 +16,7 @@
 
 namespace zero::models::data {
 
-// The format is little-endian and we read it in place from the mapping; a big-endian host would
+// The format is little-endian and we read it straight into uint16 arrays; a big-endian host would
 // need byte swaps here, and none of our targets is one.
 static_assert(std::endian::native == std::endian::little,
               "token shards are read in place and are little-endian");
@@ -80,49 +79,64 @@ TokenShards::TokenShards(std::vector<std::string> paths_or_patterns, int vocab_s
                    "\nHINT: give a shard path or a pattern such as \"data/train_*.bin\"");
   for (const std::string& path : expand(paths_or_patterns)) {
     shards_.push_back(open_shard(path, vocab_size));
-    num_tokens_ += static_cast<int64_t>(shards_.back().tokens.size());
+    num_tokens_ += shards_.back().num_tokens;
   }
 }
+
+struct TokenShards::OpenFile {
+  int fd = -1;
+  // What the file was when opened; check_unchanged() compares against these.
+  dev_t dev{};
+  ino_t ino{};
+  off_t size = 0;
+  timespec mtime{};
+  ~OpenFile() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+namespace {
+
+const char* const kChangedHint =
+    "\nHINT: a run reads its token shards until it ends; do not truncate, append to, rewrite or "
+    "replace them while it runs. Write new data under new file names, then restart the run "
+    "(--resume continues from its last checkpoint)";
+
+}  // namespace
 
 TokenShards::Shard TokenShards::open_shard(const std::string& path, int vocab_size) {
   const std::string where = "token shard " + quoted(path);
   const std::string regenerate =
       "\nHINT: regenerate it with llm.c's dev/data scripts or zero's write_token_shard(), which "
       "write this header";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
+  auto file = std::make_shared<OpenFile>();
+  file->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (file->fd < 0) {
     const int err = errno;
     ZERO_FAIL("cannot open " + where + ": " + errno_text(err) +
               "\nHINT: check the path (relative paths start at the working directory) and its "
               "permissions");
   }
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
+  if (::fstat(file->fd, &st) != 0) {
     const int err = errno;
-    ::close(fd);
     ZERO_FAIL("cannot stat " + where + ": " + errno_text(err) + "\nHINT: check the file");
   }
+  file->dev = st.st_dev;
+  file->ino = st.st_ino;
+  file->size = st.st_size;
+  file->mtime = st.st_mtim;
   const auto size = static_cast<size_t>(st.st_size);
-  if (size < kTokenShardHeaderBytes) {
-    ::close(fd);
+  if (size < kTokenShardHeaderBytes)
     ZERO_FAIL(where + " has " + std::to_string(size) + " bytes, shorter than the " +
               std::to_string(kTokenShardHeaderBytes) +
               "-byte header: it is not an llm.c token shard, or was cut short" + regenerate);
-  }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_err = errno;
-  ::close(fd);  // the mapping keeps the file's contents reachable
-  if (map == MAP_FAILED)
-    ZERO_FAIL("cannot map " + where + " (" + std::to_string(size) +
-              " bytes): " + errno_text(map_err) +
-              "\nHINT: check the address-space and memory limits (ulimit -v)");
   Shard shard;
   shard.path = path;
-  shard.mapping = std::shared_ptr<const void>(
-      map, [size](const void* p) { ::munmap(const_cast<void*>(p), size); });
+  shard.file = file;
 
   int32_t header[kTokenShardHeaderInts];
-  std::memcpy(header, map, sizeof header);
+  read_bytes(shard, header, sizeof header, 0);
   ZERO_REQUIRE(header[0] == kTokenShardMagic,
                where + " starts with magic " + std::to_string(header[0]) + ", expected " +
                    std::to_string(kTokenShardMagic) +
@@ -151,30 +165,93 @@ TokenShards::Shard TokenShards::open_shard(const std::string& path, int vocab_si
                                      " tokens = " + std::to_string(expected) +
                                      " bytes expected, the file has " + std::to_string(size) +
                                      " (trailing data, or a wrong token count)" + regenerate);
-  // The data starts 1024 bytes into a page-aligned mapping, so it is aligned for uint16.
-  const auto* tokens =
-      reinterpret_cast<const uint16_t*>(static_cast<const char*>(map) + kTokenShardHeaderBytes);
-  shard.tokens = std::span<const uint16_t>(tokens, static_cast<size_t>(n));
+  shard.num_tokens = n;
 
   // Check every id once here, so batch() never hands the model an out-of-range embedding row.
-  // A branch-free max pass vectorises (a GiB-sized shard scans in well under a second); only on
-  // failure do we look for the first offender.
-  uint16_t max_id = 0;
-  for (uint16_t t : shard.tokens) max_id = std::max(max_id, t);
-  if (max_id >= vocab_size) {
-    const auto bad = std::find_if(shard.tokens.begin(), shard.tokens.end(),
+  // Read in chunks (a GiB-sized shard is not held in memory); a branch-free max pass per chunk
+  // vectorises, and only on failure do we look for the first offender.
+  constexpr size_t kChunk = size_t{1} << 20;  // tokens
+  std::vector<uint16_t> chunk(std::min(kChunk, static_cast<size_t>(n)));
+  for (int64_t at = 0; at < n; at += static_cast<int64_t>(kChunk)) {
+    const size_t m = std::min(kChunk, static_cast<size_t>(n - at));
+    read_tokens(shard, at, m, chunk.data());
+    uint16_t max_id = 0;
+    for (size_t k = 0; k < m; ++k) max_id = std::max(max_id, chunk[k]);
+    if (max_id < vocab_size) continue;
+    const auto bad = std::find_if(chunk.begin(), chunk.begin() + static_cast<ptrdiff_t>(m),
                                   [&](uint16_t t) { return t >= vocab_size; });
-    const auto index = bad - shard.tokens.begin();
+    const int64_t index = at + (bad - chunk.begin());
     ZERO_FAIL(where + ": the token at index " + std::to_string(index) + " (of " +
               std::to_string(n) + ") is " + std::to_string(*bad) +
               ", outside the model's vocabulary of " + std::to_string(vocab_size) +
-              " tokens (ids 0.." + std::to_string(vocab_size - 1) +
-              "; the largest id in the file is " + std::to_string(max_id) + ")" +
+              " tokens (ids 0.." + std::to_string(vocab_size - 1) + ")" +
               "\nHINT: the shard was tokenized for a larger vocabulary (GPT-2's has 50257); use "
               "a model whose vocab_size is at least " +
               std::to_string(max_id + 1) + ", or shards tokenized for this model");
   }
+  check_unchanged(shard);  // nothing changed while we scanned it
   return shard;
+}
+
+void TokenShards::read_bytes(const Shard& shard, void* out, size_t bytes, uint64_t offset) {
+  char* p = static_cast<char*>(out);
+  uint64_t at = offset;
+  size_t left = bytes;
+  while (left > 0) {
+    const ssize_t r = ::pread(shard.file->fd, p, left, static_cast<off_t>(at));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      const int err = errno;
+      ZERO_FAIL("reading token shard " + quoted(shard.path) + " (bytes " + std::to_string(at) +
+                ".." + std::to_string(offset + bytes) + ") failed: " + errno_text(err) +
+                "\nHINT: the disk or network file system reported an error; check it (dmesg), "
+                "then restart the run (--resume continues from its last checkpoint)");
+    }
+    if (r == 0) {
+      check_unchanged(shard);  // says how it changed: it is shorter now than when opened
+      ZERO_FAIL("token shard " + quoted(shard.path) + " changed while it was being read: it had " +
+                std::to_string(shard.file->size) + " bytes when opened, and a read now ends at byte " +
+                std::to_string(at) + " (it was truncated)" + kChangedHint);
+    }
+    p += r;
+    at += static_cast<uint64_t>(r);
+    left -= static_cast<size_t>(r);
+  }
+}
+
+void TokenShards::read_tokens(const Shard& shard, int64_t first, size_t count, uint16_t* out) {
+  read_bytes(shard, out, count * sizeof(uint16_t),
+             kTokenShardHeaderBytes + sizeof(uint16_t) * static_cast<uint64_t>(first));
+}
+
+void TokenShards::check_unchanged(const Shard& shard) {
+  const OpenFile& f = *shard.file;
+  const std::string where = "token shard " + quoted(shard.path);
+  struct stat now {};
+  if (::fstat(f.fd, &now) != 0) {
+    const int err = errno;
+    ZERO_FAIL("cannot stat " + where + ": " + errno_text(err) + kChangedHint);
+  }
+  if (now.st_size != f.size)
+    ZERO_FAIL(where + " changed while it was being read: it had " + std::to_string(f.size) +
+              " bytes when opened and has " + std::to_string(now.st_size) + " now (it was " +
+              (now.st_size < f.size ? "truncated" : "appended to") + ")" + kChangedHint);
+  if (now.st_mtim.tv_sec != f.mtime.tv_sec || now.st_mtim.tv_nsec != f.mtime.tv_nsec)
+    ZERO_FAIL(where + " changed while it was being read: it was rewritten in place (same size, "
+                      "new modification time)" +
+              kChangedHint);
+  // The open descriptor still reads the original file after a rename over its path or an
+  // unlink; the next run, and a resumed one, would read something else, so this is a change too.
+  struct stat at_path {};
+  if (::stat(shard.path.c_str(), &at_path) != 0) {
+    const int err = errno;
+    ZERO_FAIL(where + " changed while it was being read: its path no longer opens (" +
+              errno_text(err) + "; it was deleted or renamed)" + kChangedHint);
+  }
+  if (at_path.st_dev != f.dev || at_path.st_ino != f.ino)
+    ZERO_FAIL(where + " changed while it was being read: another file was put in its place "
+                      "(renamed over it, or deleted and written anew)" +
+              kChangedHint);
 }
 
 std::vector<int64_t> TokenShards::window_offsets(int seq_len) const {
@@ -183,7 +260,7 @@ std::vector<int64_t> TokenShards::window_offsets(int seq_len) const {
   std::vector<int64_t> offsets{0};
   offsets.reserve(shards_.size() + 1);
   for (const Shard& s : shards_) {
-    const auto n = static_cast<int64_t>(s.tokens.size());
+    const int64_t n = s.num_tokens;
     ZERO_REQUIRE(n >= int64_t{seq_len} + 1,
                  "token shard " + quoted(s.path) + " has " + std::to_string(n) +
                      " tokens, fewer than the seq_len + 1 = " + std::to_string(seq_len + 1) +
@@ -204,31 +281,65 @@ TokenBatch TokenShards::batch(int64_t first_sequence, int count, int seq_len) co
                    std::to_string(count) + ") is invalid; first_sequence and count must be >= 0");
   const std::vector<int64_t> offsets = window_offsets(seq_len);
   const auto windows = static_cast<uint64_t>(offsets.back());
-
-  TokenBatch out;
-  out.rows = count;
-  out.cols = seq_len;
-  const size_t cells = static_cast<size_t>(count) * static_cast<size_t>(seq_len);
-  out.inputs.resize(cells);
-  out.targets.resize(cells);
+  std::vector<int64_t> chosen(static_cast<size_t>(count));
   for (int r = 0; r < count; ++r) {
     const auto i = static_cast<uint64_t>(first_sequence + r);
     const uint64_t epoch = i / windows;
     // A fresh permutation object per row costs a few shifts: no cache, so no lock.
     const detail::IndexPermutation perm(windows, detail::hash_counters(seed_, kEpochStream, epoch));
-    const auto w = static_cast<int64_t>(perm(i % windows));
+    chosen[static_cast<size_t>(r)] = static_cast<int64_t>(perm(i % windows));
+  }
+  return read_windows(chosen, offsets, seq_len);
+}
+
+TokenBatch TokenShards::ordered_batch(int64_t first_window, int count, int seq_len) const {
+  const std::vector<int64_t> offsets = window_offsets(seq_len);
+  const int64_t windows = offsets.back();
+  ZERO_REQUIRE(first_window >= 0 && count >= 0 && first_window <= windows - count,
+               "token shards: ordered_batch(): windows [" + std::to_string(first_window) + ", +" +
+                   std::to_string(count) + ") are not within the " + std::to_string(windows) +
+                   " windows of seq_len " + std::to_string(seq_len) + " the files hold");
+  std::vector<int64_t> chosen(static_cast<size_t>(count));
+  for (int r = 0; r < count; ++r) chosen[static_cast<size_t>(r)] = first_window + r;
+  return read_windows(chosen, offsets, seq_len);
+}
+
+TokenBatch TokenShards::read_windows(const std::vector<int64_t>& windows,
+                                     const std::vector<int64_t>& offsets, int seq_len) const {
+  TokenBatch out;
+  out.rows = static_cast<int>(windows.size());
+  out.cols = seq_len;
+  const size_t cells = windows.size() * static_cast<size_t>(seq_len);
+  out.inputs.resize(cells);
+  out.targets.resize(cells);
+  std::vector<uint16_t> src(static_cast<size_t>(seq_len) + 1);
+  std::vector<char> touched(shards_.size(), 0);
+  for (size_t r = 0; r < windows.size(); ++r) {
+    const int64_t w = windows[r];
     const size_t s = static_cast<size_t>(std::upper_bound(offsets.begin(), offsets.end(), w) -
                                          offsets.begin() - 1);
-    const uint16_t* src = shards_[s].tokens.data() +
-                          static_cast<size_t>(w - offsets[s]) * static_cast<size_t>(seq_len);
-    int32_t* in = out.inputs.data() + static_cast<size_t>(r) * static_cast<size_t>(seq_len);
-    int32_t* tg = out.targets.data() + static_cast<size_t>(r) * static_cast<size_t>(seq_len);
+    read_tokens(shards_[s], (w - offsets[s]) * seq_len, src.size(), src.data());
+    touched[s] = 1;
+    int32_t* in = out.inputs.data() + r * static_cast<size_t>(seq_len);
+    int32_t* tg = out.targets.data() + r * static_cast<size_t>(seq_len);
     for (int t = 0; t < seq_len; ++t) {
-      in[t] = src[t];
-      tg[t] = src[t + 1];
+      in[t] = src[static_cast<size_t>(t)];
+      tg[t] = src[static_cast<size_t>(t) + 1];
     }
   }
+  // After the reads: a change before or during them shows here, so nothing returned comes from
+  // a changed file (a change after them concerns later batches, which check again).
+  for (size_t s = 0; s < shards_.size(); ++s)
+    if (touched[s]) check_unchanged(shards_[s]);
   return out;
+}
+
+std::vector<uint16_t> TokenShards::shard_tokens(size_t i) const {
+  const Shard& s = shards_.at(i);
+  std::vector<uint16_t> tokens(static_cast<size_t>(s.num_tokens));
+  read_tokens(s, 0, tokens.size(), tokens.data());
+  check_unchanged(s);
+  return tokens;
 }
 
 std::vector<std::string> TokenShards::paths() const {

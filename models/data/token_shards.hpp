@@ -1,10 +1,10 @@
-// TokenShards: pre-tokenized text in llm.c's token shard format, memory-mapped, served as
-// shuffled fixed-length windows.
+// TokenShards: pre-tokenized text in llm.c's token shard format, read with pread(2), served as
+// shuffled fixed-length windows (training) or windows in file order (evaluation).
 //
 // File format (docs/data-formats.md has the full spec): a 1024-byte header of 256 little-endian
 // int32 -- [0] magic 20240520, [1] version 1, [2] token count N, the rest zero -- followed by N
-// little-endian uint16 token ids. The files are mapped read-only and every token id is checked
-// against vocab_size when they are opened, so batch() never meets a bad token.
+// little-endian uint16 token ids. Every token id is checked against vocab_size when the files are
+// opened, so batch() never meets a bad token.
 //
 // Sequences. For a given seq_len T, a shard of n tokens holds floor((n - 1) / T) windows: window
 // k is tokens [k*T, k*T + T], T + 1 tokens (inputs = the first T, targets = the last T, every
@@ -14,10 +14,19 @@
 // order each epoch. The per-rank offset is simply the engine's first_sequence (each rank asks for
 // its own disjoint index range); the dataset knows nothing of ranks.
 //
-// Ownership and thread-safety: the object owns its mappings (released when the last copy is
-// destroyed; copies share them). Immutable after construction; every member may be called
-// concurrently. The files must not be modified while mapped (rewrite them with
-// write_token_shard, which replaces a file by rename and so leaves existing mappings intact).
+// Files that change under the reader. The shards stay open and are read with pread(2) at every
+// batch, never memory-mapped: a mapped file truncated under a run kills it with SIGBUS, with no
+// word of which file. Instead every batch checks, after reading, that each shard it read from is
+// still the file that was opened: the same size and modification time (fstat of the open
+// descriptor) and the same inode at its path (stat). A shard that shrank, grew, was rewritten
+// in place, or was replaced (renamed over, deleted) makes batch() throw zero::Error naming the
+// file, what changed, and what to do; no token of a changed file is ever returned. (A rewrite
+// that keeps the size and lands within the file system's timestamp granularity of the file's
+// previous write is the one change this cannot see.)
+//
+// Ownership and thread-safety: the object owns its open descriptors (closed when the last copy
+// is destroyed; copies share them). Immutable after construction; every member may be called
+// concurrently (pread and fstat do not move a file offset).
 #pragma once
 
 #include <cstdint>
@@ -49,28 +58,44 @@ class TokenShards final : public Dataset {
 
   int vocab_size() const noexcept override { return vocab_size_; }
   std::string describe() const override;
-  // Throws zero::Error when seq_len < 1, the range is negative, or some shard has fewer than
-  // seq_len + 1 tokens (the message names the shard and the longest seq_len it allows).
+  // Throws zero::Error when seq_len < 1, the range is negative, some shard has fewer than
+  // seq_len + 1 tokens (the message names the shard and the longest seq_len it allows), a read
+  // fails, or a shard changed since it was opened (see above).
   TokenBatch batch(int64_t first_sequence, int count, int seq_len) const override;
+  // Windows in file order, unshuffled and independent of the seed: sequence i is window i, for
+  // i in [0, windows_per_epoch(seq_len)) (a larger index is an error). The held-out set of an
+  // evaluation, the same for every run of the same files. Same errors as batch().
+  TokenBatch ordered_batch(int64_t first_window, int count, int seq_len) const;
 
   // Windows per epoch for this seq_len (same checks as batch()).
   int64_t windows_per_epoch(int seq_len) const;
   int64_t num_tokens() const noexcept { return num_tokens_; }
   uint64_t seed() const noexcept { return seed_; }
   std::vector<std::string> paths() const;
-  // The tokens of shard `i` (a view into its mapping, valid while this object or a copy lives).
-  std::span<const uint16_t> shard_tokens(size_t i) const { return shards_.at(i).tokens; }
+  // All tokens of shard `i`, read now (same checks as batch()).
+  std::vector<uint16_t> shard_tokens(size_t i) const;
   size_t num_shards() const noexcept { return shards_.size(); }
 
  private:
+  struct OpenFile;  // the descriptor and what the file was when opened
   struct Shard {
     std::string path;
-    std::span<const uint16_t> tokens;
-    std::shared_ptr<const void> mapping;  // munmaps when the last owner goes
+    int64_t num_tokens = 0;
+    std::shared_ptr<const OpenFile> file;  // closed when the last owner goes
   };
   static Shard open_shard(const std::string& path, int vocab_size);
+  // Reads `bytes` bytes at `offset` of `shard`'s file, exactly; throws when the file ends before
+  // them (it shrank since it was opened) or the read fails.
+  static void read_bytes(const Shard& shard, void* out, size_t bytes, uint64_t offset);
+  // Reads tokens [first, first + count) of `shard` into `out` (read_bytes' errors).
+  static void read_tokens(const Shard& shard, int64_t first, size_t count, uint16_t* out);
+  // Throws when `shard` is no longer the file that was opened (size, mtime, inode at its path).
+  static void check_unchanged(const Shard& shard);
   // Prefix sums of windows per shard for seq_len, checking every shard holds one window.
   std::vector<int64_t> window_offsets(int seq_len) const;
+  // The rows for the given window numbers (offsets from window_offsets(seq_len)).
+  TokenBatch read_windows(const std::vector<int64_t>& windows, const std::vector<int64_t>& offsets,
+                          int seq_len) const;
 
   std::vector<Shard> shards_;
   int vocab_size_ = 0;

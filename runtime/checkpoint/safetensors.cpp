@@ -1,5 +1,6 @@
 #include "runtime/checkpoint/safetensors.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -90,6 +91,28 @@ void write_safetensors(const std::string& path, std::span<const TensorRef> tenso
   std::memcpy(head.data(), &n, 8);
   head += text;
 
+  const auto write_to = [&](io::File& f) {
+    f.write_all(head.data(), head.size());
+    for (const TensorRef& t : tensors) {
+      const uint64_t bytes = static_cast<uint64_t>(numel_of(t.shape)) * sizeof(float);
+      if (bytes > 0) f.write_all(t.data, bytes);
+    }
+  };
+  // A path that exists and is not a regular file (a pipe, /dev/stdout, a device, or a symlink
+  // to one) is written in place: renaming a temporary file over it would replace the device
+  // node or the pipe's name with a regular file and report success while the reader gets
+  // nothing. There is nothing to fsync or rename; a failing write (/dev/full: ENOSPC) throws.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    if (S_ISDIR(st.st_mode))
+      bad_write(path, "it is a directory\nHINT: give the file name to write, e.g. " + path +
+                          "/model.safetensors");
+    io::File f = io::File::create(path, "safetensors file");
+    write_to(f);
+    f.close();
+    return;
+  }
+
   // Atomic: a temporary file beside the target, flushed, then renamed over it.
   static std::atomic<uint64_t> counter{0};
   const std::string tmp =
@@ -97,11 +120,7 @@ void write_safetensors(const std::string& path, std::span<const TensorRef> tenso
   try {
     io::File f = io::File::create(tmp, "safetensors file",
                                   "check that the directory exists and is writable");
-    f.write_all(head.data(), head.size());
-    for (const TensorRef& t : tensors) {
-      const uint64_t bytes = static_cast<uint64_t>(numel_of(t.shape)) * sizeof(float);
-      if (bytes > 0) f.write_all(t.data, bytes);
-    }
+    write_to(f);
     f.sync();
     f.close();
     io::rename_path(tmp, path);

@@ -12,9 +12,11 @@
 //
 // write_safetensors writes fp32 tensors only (dtype "F32"), in the given order, the header
 // padded to a multiple of 8 bytes as the reference writer does, atomically (a temporary file
-// beside the target, fsync, rename). read_safetensors accepts F32, F16 and BF16 and widens
-// them to fp32 exactly (zero::convert); any other dtype (unless ReadOptions keeps it, without
-// data), and every malformed header, is an error naming the file and the tensor.
+// beside the target, fsync, rename), except that a path which exists and is not a regular file
+// (a pipe, /dev/stdout, a device) is written in place. read_safetensors accepts F32, F16 and
+// BF16 and widens them to fp32 exactly (zero::convert); any other dtype (unless ReadOptions
+// keeps it, without data), and every malformed header, is an error naming the file and the
+// tensor.
 //
 // Thread-safety: reentrant; the caller's tensors must not change during the call.
 #pragma once

@@ -1,6 +1,7 @@
 #include "runtime/core/log.hpp"
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -11,6 +12,7 @@ namespace {
 std::atomic<int> g_rank{0};
 std::atomic<int> g_size{1};
 std::mutex g_mutex;
+std::atomic<int> g_stdout_errno{0};
 
 void write_line(std::FILE* f, std::string_view prefix, std::string_view line) {
   std::string s;
@@ -18,14 +20,18 @@ void write_line(std::FILE* f, std::string_view prefix, std::string_view line) {
   s.append(prefix).append(line);
   if (s.empty() || s.back() != '\n') s.push_back('\n');
   std::lock_guard lock(g_mutex);
-  std::fwrite(s.data(), 1, s.size(), f);
-  std::fflush(f);
+  errno = 0;
+  const bool ok = std::fwrite(s.data(), 1, s.size(), f) == s.size() && std::fflush(f) == 0;
+  // Kept for stdout_write_error(): stdio's error flag does not say why.
+  if (!ok && f == stdout && g_stdout_errno.load() == 0) g_stdout_errno = errno != 0 ? errno : EIO;
 }
 
 std::string rank_prefix() {
   return g_size.load() > 1 ? "[rank " + std::to_string(g_rank.load()) + "] " : std::string();
 }
 }  // namespace
+
+int stdout_write_error() noexcept { return g_stdout_errno.load(); }
 
 void set_rank(int rank, int size) noexcept {
   g_rank = rank;

@@ -17,4 +17,9 @@ void warn(std::string_view line);       // stderr, rank 0 only, prefixed "warnin
 void error(std::string_view line);      // stderr, every rank, prefixed "[rank r] error: " (size > 1)
 void rank_info(std::string_view line);  // stdout, every rank, prefixed "[rank r] "
 
+// The errno of the first line info() or rank_info() failed to write to stdout (a full disk,
+// /dev/full, a closed pipe), or 0. The lines go on being attempted; a program checks this at
+// its end so that lost output is not an exit 0.
+int stdout_write_error() noexcept;
+
 }  // namespace zero::log

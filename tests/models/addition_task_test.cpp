@@ -258,3 +258,45 @@ TEST_CASE("addition task: describe names the task, its split and its seed") {
   CHECK_THAT(d, ContainsSubstring("seed 4"));
   CHECK(d.find('\n') == std::string::npos);
 }
+
+TEST_CASE("addition task: the held-out set holds every held-out problem once, in a fixed order") {
+  // digits 2, seq_len 64: 6 problems per sequence, 1000 held out -> 167 sequences, the last one
+  // holding the remaining 4 problems and then padding.
+  const AdditionTask task({.digits = 2, .seed = 17, .held_out_fraction = 0.1});
+  const int k = task.problems_per_sequence(kSeqLen);
+  REQUIRE(k == 6);
+  const int64_t n = task.held_out_set_size(kSeqLen);
+  CHECK(n == 167);
+  const TokenBatch all = task.held_out_set_batch(0, static_cast<int>(n), kSeqLen);
+  std::set<std::pair<int64_t, int64_t>> seen;
+  int64_t problems = 0, counted = 0;
+  for (int r = 0; r < all.rows; ++r) {
+    const auto row = problems_in_row(task, all, r);
+    const int filled = r + 1 < all.rows ? k : 1000 - k * (all.rows - 1);
+    for (int slot = 0; slot < filled; ++slot) {
+      CHECK(task.is_held_out(row[static_cast<size_t>(slot)].first, row[static_cast<size_t>(slot)].second));
+      seen.insert(row[static_cast<size_t>(slot)]);
+      ++problems;
+    }
+    for (int t = 0; t < all.cols; ++t) counted += all.targets[static_cast<size_t>(r) * all.cols + t] >= 0;
+  }
+  CHECK(problems == 1000);
+  CHECK(seen.size() == 1000);  // each held-out problem exactly once
+  CHECK(counted == 1000 * 3);  // 3 answer digits each, nothing counted in the padding
+  // The last row is 4 problems, then padding only.
+  const std::string last = AdditionTask::decode(row_of(all.inputs, all, all.rows - 1));
+  CHECK(last.substr(40).find_first_not_of('_') == std::string::npos);
+  // Any range is the same rows as the whole (the chunks of an evaluation stack up to the set).
+  const TokenBatch part = task.held_out_set_batch(160, 7, kSeqLen);
+  for (int r = 0; r < 7; ++r) CHECK(row_of(part.inputs, part, r) == row_of(all.inputs, all, 160 + r));
+  // The seed chooses the set; nothing else does (the draw stream of held_out_batch is not used).
+  CHECK(task.held_out_set_batch(0, 4, kSeqLen).inputs ==
+        AdditionTask({.digits = 2, .seed = 17}).held_out_set_batch(0, 4, kSeqLen).inputs);
+  CHECK(task.held_out_set_batch(0, 4, kSeqLen).inputs !=
+        AdditionTask({.digits = 2, .seed = 18}).held_out_set_batch(0, 4, kSeqLen).inputs);
+  // At the minimum seq_len one problem per sequence: 1000 sequences.
+  CHECK(task.held_out_set_size(task.min_seq_len()) == 1000);
+  REQUIRE_THROWS_WITH(task.held_out_set_batch(160, 8, kSeqLen), ContainsSubstring("leave the held-out set of 167"));
+  REQUIRE_THROWS_WITH(AdditionTask({.held_out_fraction = 0.0}).held_out_set_size(kSeqLen),
+                      ContainsSubstring("the held-out set is empty"));
+}

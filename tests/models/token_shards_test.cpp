@@ -4,8 +4,11 @@
 
 #include <stdlib.h>
 
+#include <unistd.h>
+
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -134,10 +137,11 @@ TEST_CASE("token shards: write_token_shard writes the llm.c header and the token
   CHECK(std::vector<uint16_t>(read.begin(), read.end()) == tokens);
   CHECK_THAT(shards.describe(), ContainsSubstring("5 tokens, vocab 65536"));
 
-  // Rewriting replaces the whole file; the earlier mapping still reads the old contents.
+  // Rewriting replaces the whole file: a new reader sees the new one; the reader that opened
+  // the old one refuses to go on (its run would not be the one its checkpoints describe).
   write_token_shard(path, std::vector<uint16_t>{9, 9});
   CHECK(TokenShards(path, 65536, 0).num_tokens() == 2);
-  CHECK(shards.shard_tokens(0)[2] == 65535);
+  REQUIRE_THROWS_WITH(shards.shard_tokens(0), ContainsSubstring("another file was put in its place"));
 }
 
 TEST_CASE("token shards: windows are seq_len + 1 tokens at stride seq_len, targets shifted") {
@@ -318,4 +322,102 @@ TEST_CASE("token shards: a shard shorter than one window and bad requests are re
                       ContainsSubstring("no files given"));
   REQUIRE_THROWS_WITH(TokenShards(dir.file("big.bin"), 0, 0),
                       ContainsSubstring("vocab_size is 0; it must be 1..65536"));
+}
+
+TEST_CASE("token shards: a file that changes under the reader is an error naming it, never a signal") {
+  using namespace std::chrono_literals;
+  TempDir dir;
+  const int T = 8;
+  const std::vector<uint16_t> tokens = numbered(0, 801);  // 100 windows of 8
+  const std::string path = dir.file("live.bin");
+  const std::string other = dir.file("other.bin");
+  auto fresh = [&] {
+    write_token_shard(path, tokens);
+    write_token_shard(other, numbered(1, 801));
+    // Sibling shards: a batch touches both, and only the changed one may be blamed.
+    return TokenShards(std::vector<std::string>{path, other}, 65536, 3);
+  };
+  auto expect_changed = [&](const TokenShards& shards, const std::string& what) {
+    // Every window of the epoch, so the changed file's windows are surely read.
+    try {
+      (void)shards.batch(0, 200, T);
+      FAIL("no error for: " + what);
+    } catch (const zero::Error& e) {
+      CHECK_THAT(e.message(), ContainsSubstring("token shard '" + path + "' changed while it was being read"));
+      CHECK_THAT(e.message(), ContainsSubstring(what));
+      CHECK_THAT(e.message(), ContainsSubstring("HINT: "));
+      CHECK_THAT(e.message(), ContainsSubstring("--resume"));
+    }
+  };
+
+  SECTION("truncated to the header: mmap would have raised SIGBUS here") {
+    const TokenShards shards = fresh();
+    CHECK(shards.batch(0, 200, T).rows == 200);
+    REQUIRE(::truncate(path.c_str(), 1024) == 0);
+    expect_changed(shards, "truncated");
+  }
+  SECTION("truncated in the middle") {
+    const TokenShards shards = fresh();
+    REQUIRE(::truncate(path.c_str(), 1024 + 2 * 700) == 0);
+    expect_changed(shards, "it had 2626 bytes when opened and has 2424 now (it was truncated)");
+    // The same, through an ordered (evaluation) read and a whole-shard read.
+    REQUIRE_THROWS_WITH(shards.ordered_batch(0, 200, T), ContainsSubstring("changed while it was being read"));
+    REQUIRE_THROWS_WITH(shards.shard_tokens(0), ContainsSubstring("changed while it was being read"));
+  }
+  SECTION("appended to") {
+    const TokenShards shards = fresh();
+    std::ofstream(path, std::ios::binary | std::ios::app).write("\0\0", 2);
+    expect_changed(shards, "(it was appended to)");
+  }
+  SECTION("rewritten in place, same size") {
+    const TokenShards shards = fresh();
+    // Past the file system's timestamp granularity (a clock tick of a few ms), so that the
+    // rewrite gets a new modification time; see token_shards.hpp.
+    std::this_thread::sleep_for(50ms);
+    {
+      std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+      f.seekp(1024);
+      f.write("\x07\x00", 2);
+    }
+    expect_changed(shards, "rewritten in place");
+  }
+  SECTION("replaced by rename, and deleted") {
+    const TokenShards shards = fresh();
+    write_token_shard(path, tokens);  // same contents, another file
+    expect_changed(shards, "another file was put in its place");
+    REQUIRE(::unlink(path.c_str()) == 0);
+    expect_changed(shards, "deleted or renamed");
+  }
+  SECTION("unchanged files read the same after any number of checks") {
+    const TokenShards shards = fresh();
+    const TokenBatch a = shards.batch(0, 200, T);
+    CHECK(shards.batch(0, 200, T).inputs == a.inputs);
+    // The other shard changing does not affect a batch that reads only this one, in file order.
+    REQUIRE(::truncate(other.c_str(), 1024) == 0);
+    const TokenBatch first = shards.ordered_batch(0, 100, T);
+    for (int r = 0; r < 100; ++r) CHECK(first.inputs[static_cast<size_t>(r) * T] == r * T);
+    REQUIRE_THROWS_WITH(shards.ordered_batch(100, 1, T), ContainsSubstring("'" + other + "' changed"));
+  }
+}
+
+TEST_CASE("token shards: ordered_batch reads the windows in file order, without the seed") {
+  TempDir dir;
+  const int lengths[] = {13, 9, 25};  // T = 4: 3, 2 and 6 windows
+  std::vector<std::string> paths;
+  for (int s = 0; s < 3; ++s) {
+    paths.push_back(dir.file("o" + std::to_string(s) + ".bin"));
+    write_token_shard(paths.back(), numbered(s, lengths[s]));
+  }
+  const TokenShards a(paths, 65536, 1), b(paths, 65536, 2);
+  REQUIRE(a.windows_per_epoch(4) == 11);
+  const TokenBatch all = a.ordered_batch(0, 11, 4);
+  CHECK(all.inputs == b.ordered_batch(0, 11, 4).inputs);  // the seed plays no part
+  const int shard_of[] = {0, 0, 0, 1, 1, 2, 2, 2, 2, 2, 2}, first_of[] = {0, 4, 8, 0, 4, 0, 4, 8, 12, 16, 20};
+  for (int w = 0; w < 11; ++w) {
+    CHECK(all.inputs[static_cast<size_t>(w) * 4] == shard_of[w] * 1000 + first_of[w]);
+    CHECK(all.targets[static_cast<size_t>(w) * 4 + 3] == shard_of[w] * 1000 + first_of[w] + 4);
+  }
+  const TokenBatch tail = a.ordered_batch(9, 2, 4);
+  CHECK(std::vector<int32_t>(all.inputs.begin() + 36, all.inputs.end()) == tail.inputs);
+  REQUIRE_THROWS_WITH(a.ordered_batch(10, 2, 4), ContainsSubstring("not within the 11 windows"));
 }
