@@ -331,6 +331,7 @@ void visit(Io& io, Ours& o) {
   io.bytes("host_memory_limit", o.host_memory_limit);
   io.key("steps", o.steps, {.min = 1, .flag = &io.env().steps_flag, .flag_name = "--steps"});
   io.key("speculative_host_step", o.speculative_host_step);
+  io.key("max_consecutive_skipped_steps", o.max_consecutive_skipped_steps, {.min = 0});
   io.block("model", o, [](auto& m, Ours& ours) { visit_model(m, ours); });
 }
 
