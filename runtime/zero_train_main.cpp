@@ -514,18 +514,6 @@ int train(zero::World& world, const Flags& flags) {
   // parameters' type (its kernels compute in fp32 on 16-bit storage of one type).
   const ScalarType act = kind == DeviceKind::cpu ? ScalarType::f32 : o.param_type;
   Model model = models::make_gpt({shape, o.param_type, act}, *ops);
-  // The budget before the engine's state is allocated, so that a model that does not fit is
-  // reported with it.
-  log::info(memory.explanation + (kind == DeviceKind::cpu && dopt.shared_memory_limit > 0
-                                      ? " (device and host memory share it on the cpu backend)"
-                                      : ""));
-  for (const std::string& w : memory_warnings) log::warn(w);
-  std::unique_ptr<Engine> engine;
-  if (!on_all_ranks(world, "the model does not fit", [&] {
-        engine = std::make_unique<Engine>(model, *device, *stream, *comm, o);
-      }))
-    return kExitFailure;
-
   const int W = world.size(), B = static_cast<int>(c.batch.train_micro_batch_size_per_gpu);
   const int GA = o.gradient_accumulation_steps, T = data.seq_len;
   const long long steps = c.ours.steps;
@@ -544,6 +532,18 @@ int train(zero::World& world, const Flags& flags) {
                 c.seed, data.train().describe().c_str(), T);
   log::info(line);
   log::info(budget.explanation);
+  // The budget before the engine allocates the model state, so that a model that does not fit
+  // is reported after it.
+  log::info(memory.explanation + (kind == DeviceKind::cpu && dopt.shared_memory_limit > 0
+                                      ? " (device and host memory share it on the cpu backend)"
+                                      : ""));
+  for (const std::string& w : memory_warnings) log::warn(w);
+  std::unique_ptr<Engine> engine;
+  if (!on_all_ranks(world, "the model does not fit", [&] {
+        engine = std::make_unique<Engine>(model, *device, *stream, *comm, o);
+      }))
+    return kExitFailure;
+
   log::info(engine->memory_report());
   {
     // Every rank's model state and memory in use (shards differ by rank when the model does
