@@ -24,11 +24,13 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -41,6 +43,7 @@
 #include "models/data/addition_task.hpp"
 #include "models/data/token_shards.hpp"
 #include "models/gpt.hpp"
+#include "offload/memory_budget.hpp"
 #include "offload/thread_budget.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/checkpoint/hf_gpt2.hpp"
@@ -55,6 +58,7 @@
 #include "runtime/engine/from_config.hpp"
 #include "runtime/held_out_eval.hpp"
 #include "runtime/metrics_file.hpp"
+#include "runtime/engine/step_guard.hpp"
 
 namespace {
 
@@ -522,6 +526,40 @@ int check_checkpoint_dir(zero::World& world, const Flags& flags, const zero::Eng
   return verdict;
 }
 
+// One line of the metrics file. JSON has no NaN or infinity, and a strict parser refuses them:
+// a number that is not finite is written as null, and the line gets "non_finite", naming each
+// such key with what it was ("nan", "inf", "-inf"). Finite numbers are written exactly (%.17g
+// for doubles, nlohmann's shortest round trip otherwise), so runs compare bit for bit.
+std::string metrics_line(nlohmann::json j) {
+  nlohmann::json bad = nlohmann::json::object();
+  const std::function<void(nlohmann::json&, const std::string&)> scan = [&](nlohmann::json& v, const std::string& key) {
+    if (v.is_object()) {
+      for (auto it = v.begin(); it != v.end(); ++it)
+        scan(it.value(), key.empty() ? it.key() : key + "." + it.key());
+    } else if (v.is_number_float() && !std::isfinite(v.get<double>())) {
+      const double x = v.get<double>();
+      bad[key] = std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf";
+      v = nullptr;
+    }
+  };
+  scan(j, "");
+  if (!bad.empty()) j["non_finite"] = std::move(bad);
+  // The losses with every digit of their double (nlohmann prints the shortest text that reads
+  // back as the same double, which is exact too, but %.17g is what earlier files hold).
+  std::string text = j.dump();
+  for (const char* name : {"loss", "eval_loss"}) {
+    if (!j.contains(name) || !j[name].is_number_float()) continue;
+    char exact[64];
+    std::snprintf(exact, sizeof exact, "%.17g", j[name].get<double>());
+    const std::string key = std::string("\"") + name + "\":";
+    if (const size_t at = text.find(key); at != std::string::npos) {
+      const size_t end = text.find_first_of(",}", at + key.size());
+      text.replace(at + key.size(), end - at - key.size(), exact);
+    }
+  }
+  return text;
+}
+
 // The batches of a run: the addition task or token shards, and their held-out counterparts.
 // With --eval-only and --eval-data alone there is no training data.
 struct Data {
@@ -639,18 +677,10 @@ int train(zero::World& world, const Flags& flags) {
     });
   };
 
-  DeviceOptions dopt;
-  dopt.memory_limit = static_cast<size_t>(c.ours.device_memory_limit);
-  dopt.host_memory_limit = static_cast<size_t>(c.ours.host_memory_limit);
-  if (dopt.host_memory_limit == 0) {
-    // 0: this rank's share of 90% of the host's physical memory, so that an offloaded model too
-    // large for the host is our clear out-of-memory error at start-up, not the kernel's OOM
-    // killer in the middle of a run (pageable fallbacks would overcommit silently).
-    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-    if (pages > 0 && page > 0)
-      dopt.host_memory_limit = static_cast<size_t>(0.9 * static_cast<double>(pages) * static_cast<double>(page) /
-                                                   std::max(1, world.local_size()));
-  }
+  // This rank's share of the memory it really has (physical RAM, the container's or the batch
+  // job's cgroup limit): the default limits, so that a model too large for it is the ledger's
+  // clear error at start-up, not the kernel's OOM killer in the middle of a run (collective).
+  const offload::MemoryBudget memory = offload::memory_budget(world.comm());
   // One GPU per rank: a rank takes the GPU of its index among its host's ranks (NCCL refuses two
   // ranks on one GPU). "auto": cuda when every rank has a GPU of its own, else cpu (agreed by
   // all ranks: the backends' collectives do not mix).
@@ -662,6 +692,12 @@ int train(zero::World& world, const Flags& flags) {
     log::info("zero-train: zero_train.device \"auto\": " + std::to_string(world.local_size()) +
               " ranks on this host and " + std::to_string(gpus) + " GPU(s), so the run is on the cpu "
               "backend (one GPU per rank is needed for cuda)");
+  // The config's limits win; the budget fills in the rest (on cpu device and host memory are the
+  // same RAM and share it: offload/memory_budget.hpp).
+  std::vector<std::string> memory_warnings;
+  const DeviceOptions dopt = offload::device_options(kind, static_cast<size_t>(c.ours.device_memory_limit),
+                                                     static_cast<size_t>(c.ours.host_memory_limit), memory,
+                                                     &memory_warnings);
   std::unique_ptr<Device> device;
   std::unique_ptr<coll::Communicator> comm, mpi_comm;
   if (!on_all_ranks(world, std::string("zero_train.device \"") + std::string(to_string(kind)) + "\"", [&] {
@@ -702,12 +738,6 @@ int train(zero::World& world, const Flags& flags) {
   // parameters' type (its kernels compute in fp32 on 16-bit storage of one type).
   const ScalarType act = kind == DeviceKind::cpu ? ScalarType::f32 : o.param_type;
   Model model = models::make_gpt({shape, o.param_type, act}, *ops);
-  std::unique_ptr<Engine> engine;
-  if (!on_all_ranks(world, "the model does not fit", [&] {
-        engine = std::make_unique<Engine>(model, *device, *stream, *comm, o);
-      }))
-    return kExitFailure;
-
   const int W = world.size(), B = static_cast<int>(c.batch.train_micro_batch_size_per_gpu);
   const int GA = o.gradient_accumulation_steps, T = data.seq_len;
   const long long steps = c.ours.steps;
@@ -731,6 +761,18 @@ int train(zero::World& world, const Flags& flags) {
     log::info("cpu kernels: " + models::cpu_blas_description() +
               " (runs match bit for bit only on the same kernels; OPENBLAS_CORETYPE "
               "picks them: docs/training.md)");
+  // The budget before the engine allocates the model state, so that a model that does not fit
+  // is reported after it.
+  log::info(memory.explanation + (kind == DeviceKind::cpu && dopt.shared_memory_limit > 0
+                                      ? " (device and host memory share it on the cpu backend)"
+                                      : ""));
+  for (const std::string& w : memory_warnings) log::warn(w);
+  std::unique_ptr<Engine> engine;
+  if (!on_all_ranks(world, "the model does not fit", [&] {
+        engine = std::make_unique<Engine>(model, *device, *stream, *comm, o);
+      }))
+    return kExitFailure;
+
   log::info(engine->memory_report());
   {
     // Every rank's model state and memory in use (shards differ by rank when the model does
@@ -806,12 +848,16 @@ int train(zero::World& world, const Flags& flags) {
     phase::set("loading --init-from");
     // The file's weights become the initial master and working copy: saved as a checkpoint of
     // step 0 in a temporary place and loaded, so the engine's one load path does the slicing.
+    // A file that cannot be the model's weights (missing tensors, other shapes, NaN or infinite
+    // values) is bad input: exit 2. Installing good weights can fail only while running: 1.
+    std::vector<std::vector<float>> values;
     if (!on_all_ranks(world, "--init-from " + flags.init_from, [&] {
-          const std::vector<checkpoint::ParamInfo> table = checkpoint::param_table(model);
-          const std::vector<std::vector<float>> values = checkpoint::import_safetensors(flags.init_from, table);
-          engine->set_parameters(values);
+          values = checkpoint::import_safetensors(flags.init_from, checkpoint::param_table(model));
         }))
+      return kExitUsage;
+    if (!on_all_ranks(world, "--init-from " + flags.init_from, [&] { engine->set_parameters(values); }))
       return kExitFailure;
+    values = {};
     log::info("zero-train: initial weights from " + flags.init_from);
   }
 
@@ -890,16 +936,9 @@ int train(zero::World& world, const Flags& flags) {
                   r.loss, static_cast<long long>(r.sequences), static_cast<long long>(held_out.size),
                   match.c_str());
     log::info(line);
-    char text[256];
-    if (r.problems > 0)
-      std::snprintf(text, sizeof text,
-                    "{\"step\": %lld, \"eval_loss\": %.17g, \"eval_exact_match\": %.17g, \"eval_sequences\": %lld}",
-                    step, r.loss, static_cast<double>(r.correct) / static_cast<double>(r.problems),
-                    static_cast<long long>(r.sequences));
-    else
-      std::snprintf(text, sizeof text, "{\"step\": %lld, \"eval_loss\": %.17g, \"eval_sequences\": %lld}", step,
-                    r.loss, static_cast<long long>(r.sequences));
-    return write_metrics(text);
+    nlohmann::json j = {{"step", step}, {"eval_loss", r.loss}, {"eval_sequences", static_cast<long long>(r.sequences)}};
+    if (r.problems > 0) j["eval_exact_match"] = static_cast<double>(r.correct) / static_cast<double>(r.problems);
+    return write_metrics(metrics_line(j));
   };
   if (data.has_eval() && (flags.eval_interval > 0 || flags.eval_only)) {
     const int64_t n =
@@ -927,6 +966,7 @@ int train(zero::World& world, const Flags& flags) {
               ", the run ends at " + std::to_string(steps) + ": nothing to train");
   double t_last = now_seconds();
   long long since = 0;
+  StepGuard guard(c.ours.max_consecutive_skipped_steps, first_step - 1);
   for (long long step = first_step; step <= steps; ++step) {
     phase::set_step(step);
     phase::set("training step");
@@ -944,7 +984,7 @@ int train(zero::World& world, const Flags& flags) {
     ZERO_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, world.comm()));
     const LedgerSnapshot snap = device->ledger().snapshot();
     const double tokens = static_cast<double>(W) * GA * B * T;
-    std::string metrics_line;
+    std::string metrics_text;
     if (world.is_root()) {
       nlohmann::json j = {{"step", step},
                           {"loss", loss},
@@ -966,16 +1006,7 @@ int train(zero::World& world, const Flags& flags) {
                      {"comm_exposed", st.time.comm_exposed}, {"d2h", st.time.d2h},
                      {"h2d", st.time.h2d},             {"host_adam", st.time.host_adam},
                      {"host_adam_waited", st.time.host_adam_waited}};
-      // %.17g: the loss exactly, so that runs can be compared bit for bit.
-      std::string text = j.dump();
-      char exact[64];
-      std::snprintf(exact, sizeof exact, "%.17g", loss);
-      const std::string key = "\"loss\":";
-      if (const size_t at = text.find(key); at != std::string::npos) {
-        const size_t end = text.find_first_of(",}", at + key.size());
-        text.replace(at + key.size(), end - at - key.size(), exact);
-      }
-      metrics_line = std::move(text);
+      metrics_text = metrics_line(j);
     }
     const bool print = step % c.steps_per_print == 0 || step == steps || step == first_step;
     if (bar && !print) {
@@ -1018,13 +1049,35 @@ int train(zero::World& world, const Flags& flags) {
       since = 0;
     }
     // After the log line, so that a failing metrics file still leaves this step on the screen.
-    if (!write_metrics(metrics_line)) return kExitFailure;
+    if (!write_metrics(metrics_text)) return kExitFailure;
+    // A run that no longer trains stops here, before this step is evaluated or saved (every rank
+    // sees the same loss and statistics, so all stop alike).
+    std::optional<std::string> stop = guard.after_step(step, st, loss);
+    if (!stop && step == steps) stop = guard.at_end(step);
+    if (stop) {
+      if (bar) std::printf("\n");
+      if (world.is_root()) {
+        std::string kept;
+        if (!flags.checkpoint_dir.empty()) {
+          const std::optional<std::string> newest = checkpoint::latest(flags.checkpoint_dir);
+          kept = newest ? "\nThe newest checkpoint, " + flags.checkpoint_dir + "/" + *newest + ", is kept."
+                        : "\nNo checkpoint was saved in " + flags.checkpoint_dir + ".";
+        }
+        std::fprintf(stderr, "zero-train: error: %s%s\n", stop->c_str(), kept.c_str());
+        std::fflush(stderr);
+      }
+      return kExitFailure;
+    }
     if (flags.eval_interval > 0 && (step % flags.eval_interval == 0 || step == steps))
       if (!evaluate(step)) return kExitFailure;
     if (!flags.checkpoint_dir.empty() &&
         ((flags.save_interval > 0 && step % flags.save_interval == 0) || step == steps))
       if (!save(step)) return kExitFailure;
   }
+  if (guard.counted_in_a_row() > 0)
+    log::warn("zero-train: the last " + std::to_string(guard.not_trained_in_a_row()) +
+              " step(s) did not train (non-finite gradients or loss); the last step that trained was " +
+              std::to_string(guard.last_good_step()));
   phase::set("finishing");
   if (!on_all_ranks(world, "--metrics", [&] {
         if (metrics) metrics->close();

@@ -94,6 +94,10 @@ struct LoadRequest {
   std::span<const ParamInfo> params;  // must equal the checkpoint's table
   std::span<const Piece> pieces;      // wanted now, any slicing; count > 0 each
   std::span<const Array> arrays;      // filled in piece order; each name must be saved
+  // Every value read must be finite (no NaN or infinity): a model state that was saved so is
+  // damaged, and training from it would only produce NaN. Else load() fails naming the rank
+  // file, the array, the parameter and the element.
+  bool require_finite = false;
 };
 
 struct LoadResult {
@@ -165,8 +169,9 @@ void export_safetensors(const std::string& dir, const std::string& tag, const st
 
 // Values of every parameter of `params` from a safetensors file (F32, F16 or BF16 tensors,
 // widened to fp32): result[p] holds parameter p, whole, row-major. Every parameter must be in
-// the file with its shape; tensors the table does not name are ignored (listed by a warning on
-// rank 0's log).
+// the file with its shape, and every value finite (a NaN or infinity is an error naming the file,
+// the tensor and the element: weights that are not numbers cannot be trained); tensors the table
+// does not name are ignored (listed by a warning on rank 0's log).
 std::vector<std::vector<float>> import_safetensors(const std::string& path,
                                                    std::span<const ParamInfo> params);
 
@@ -226,6 +231,9 @@ void write_rank_file(const std::string& save_dir, int rank, int world_size, uint
 // dir/<tag> stays (complete; find_newest takes it) and the error says so.
 void commit_save(const std::string& dir, const std::string& tag, int world_size, uint64_t save_id,
                  const SaveRequest& request);
+
+// The index of the first NaN or infinity among `values`, or -1 when every value is finite.
+int64_t first_non_finite(std::span<const float> values) noexcept;
 
 // File names inside a checkpoint directory.
 std::string rank_file_name(int rank);  // "rank_00003.bin"

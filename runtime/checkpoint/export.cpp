@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string_view>
+#include <cmath>
 #include <unordered_map>
 
 #include "runtime/checkpoint/checkpoint.hpp"
@@ -117,6 +118,17 @@ std::vector<std::vector<float>> import_safetensors(const std::string& path,
       ZERO_FAIL("safetensors file " + io::quote(path) + ": tensor '" + t.name + "' has shape " +
                 detail::shape_text(t.shape) + ", the model's parameter " +
                 (t.name == p.name ? std::string() : "'" + p.name + "' ") + detail::shape_text(p.shape) + "\nHINT: " + hint);
+    }
+    if (const int64_t bad = first_non_finite(t.data); bad >= 0) {
+      int64_t count = 0;
+      for (float x : t.data) count += std::isfinite(x) ? 0 : 1;
+      ZERO_FAIL("safetensors file " + io::quote(path) + ": tensor '" + p.name + "' holds " +
+                std::to_string(count) + " non-finite value(s); the first is " +
+                std::to_string(t.data[static_cast<size_t>(bad)]) + " at element " +
+                std::to_string(bad) + " (row-major, shape " + detail::shape_text(t.shape) +
+                ")\nHINT: weights that are NaN or infinite cannot be trained; the file comes "
+                "from a run that diverged or was damaged: export it again from an earlier "
+                "checkpoint, or start without --init-from");
     }
     used[it->second] = true;
     out.push_back(std::move(t.data));

@@ -1,6 +1,7 @@
 // load(), read_info() and latest(): find a complete checkpoint, check its manifest against the
 // model, and re-slice the saved pieces into the pieces a rank wants now.
 #include <algorithm>
+#include <cmath>
 #include <cctype>
 #include <filesystem>
 #include <map>
@@ -231,6 +232,12 @@ std::optional<std::string> latest(const std::string& dir) {
   return n->tag;
 }
 
+int64_t first_non_finite(std::span<const float> values) noexcept {
+  for (size_t i = 0; i < values.size(); ++i)
+    if (!std::isfinite(values[i])) return static_cast<int64_t>(i);
+  return -1;
+}
+
 LoadResult load(const std::string& dir, const std::string& tag, const LoadRequest& request) {
   const Opened o = open_checkpoint(dir, tag);
   const Manifest& m = o.manifest;
@@ -320,9 +327,27 @@ LoadResult load(const std::string& dir, const std::string& tag, const LoadReques
     size_t end = i;
     while (end < merged.size() && merged[end].file == merged[i].file) ++end;
     for (size_t a = 0; a < request.arrays.size(); ++a)
-      for (size_t k = i; k < end; ++k)
-        read_array_range(f, h, array_index[a], merged[k].src, merged[k].count,
-                         request.arrays[a].data + merged[k].dst, cache);
+      for (size_t k = i; k < end; ++k) {
+        float* out = request.arrays[a].data + merged[k].dst;
+        read_array_range(f, h, array_index[a], merged[k].src, merged[k].count, out, cache);
+        if (!request.require_finite) continue;
+        const int64_t bad = first_non_finite({out, static_cast<size_t>(merged[k].count)});
+        if (bad < 0) continue;
+        // Which parameter and element: the request piece holding position dst + bad.
+        const uint64_t at = merged[k].dst + static_cast<uint64_t>(bad);
+        uint64_t start = 0;
+        size_t p = 0;
+        while (p + 1 < request.pieces.size() && start + static_cast<uint64_t>(request.pieces[p].count) <= at)
+          start += static_cast<uint64_t>(request.pieces[p++].count);
+        const Piece& piece = request.pieces[p];
+        ZERO_FAIL("checkpoint rank file " + io::quote(path) + ": array '" + request.arrays[a].name +
+                  "' holds a non-finite value (" + std::to_string(out[bad]) + ") for parameter '" +
+                  request.params[static_cast<size_t>(piece.param)].name + "' at element " +
+                  std::to_string(piece.offset + static_cast<int64_t>(at - start)) +
+                  "\nHINT: the checkpoint was saved from a run that had diverged, or it was "
+                  "altered; resume from an earlier checkpoint (name it in " +
+                  io::quote(join(dir, kLatestName)) + ")");
+      }
     i = end;
   }
   return {m.metadata, m.world_size};

@@ -333,6 +333,7 @@ void visit(Io& io, Ours& o) {
   io.key("speculative_host_step", o.speculative_host_step);
   io.key("watchdog_timeout", o.watchdog_timeout,
          {.min = 0, .flag = &io.env().watchdog_timeout_flag, .flag_name = "--watchdog-timeout"});
+  io.key("max_consecutive_skipped_steps", o.max_consecutive_skipped_steps, {.min = 0});
   io.block("model", o, [](auto& m, Ours& ours) { visit_model(m, ours); });
 }
 

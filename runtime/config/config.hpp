@@ -49,8 +49,10 @@
 //     "device": "auto",                 // "auto" (cuda when a GPU is present) | "cpu" | "cuda"
 //     "device_memory_limit": 0,         // bytes (integer) or "24GiB", "512MiB", "1.5GB";
 //                                       // 0 = the device's real capacity
-//     "host_memory_limit": 0,           // the same, for pinned + pageable host memory
+//     "host_memory_limit": 0,           // the same, for pinned + pageable host memory;
+//                                       // 0 = the rank's memory budget (offload/memory_budget.hpp)
 //     "steps": 100,                     // optimizer steps to run
+//     "max_consecutive_skipped_steps": 20, // stop after this many non-finite steps in a row
 //     "model": {"preset": "tiny"}       // a preset (models/gpt_shape.hpp), optionally with
 //                                       // n_layer/n_embd/n_head/vocab_size/seq_len overriding
 //                                       // it; without "preset" all five are required
@@ -303,10 +305,13 @@ struct ActivationCheckpointing {
 struct Ours {
   std::optional<DeviceKind> device;   // nullopt = "auto": cuda when a GPU is present, else cpu
   long long device_memory_limit = 0;  // bytes the run may use on the device; 0 = its capacity
-  long long host_memory_limit = 0;    // bytes the run may use on the host; 0 = unlimited
+  long long host_memory_limit = 0;    // bytes the run may use on the host; 0 = the rank's budget
   long long steps = 100;              // optimizer steps to run (also "auto" total_num_steps)
   bool speculative_host_step = true;  // offload: host AdamW during backward (EngineOptions)
   double watchdog_timeout = 20;       // s of a rank's silence before the job ends; 0 = off
+  // Stop the run (exit 1) when this many optimizer steps in a row did not train (non-finite
+  // gradients or loss; runtime/engine/step_guard.hpp); 0 = never.
+  long long max_consecutive_skipped_steps = 20;
   std::string model_preset = "tiny";  // the preset "model" started from; "" = explicit shape
   models::GptShape model = models::kGptPresets[0].shape;  // the GPT shape (preset "tiny")
 };

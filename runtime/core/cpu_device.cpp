@@ -1,4 +1,5 @@
-// The cpu device: host memory with an optional capacity, cpu executor streams.
+// The cpu device: host memory with an optional capacity, cpu executor streams. Its device and
+// host spaces are the same RAM; DeviceOptions::shared_memory_limit bounds them together.
 //
 // Pinned host memory here means page-aligned memory locked into RAM with mlock(2): there is no
 // DMA engine to serve, but locking makes the cpu backend fail where a GPU host would (a
@@ -32,7 +33,8 @@ class CpuDevice final : public Device {
   CpuDevice(int index, const DeviceOptions& o)
       : Device(DeviceKind::cpu, index, "cpu:" + std::to_string(index),
                o.memory_limit ? o.memory_limit : kUnlimited,
-               o.host_memory_limit ? o.host_memory_limit : kUnlimited) {}
+               o.host_memory_limit ? o.host_memory_limit : kUnlimited,
+               o.shared_memory_limit ? o.shared_memory_limit : kUnlimited) {}
 
   std::unique_ptr<Stream> create_stream(std::string name) override {
     return make_cpu_stream(std::move(name));

@@ -36,19 +36,34 @@ void Buffer::reset() noexcept {
   bytes_ = 0;
 }
 
-Device::Device(DeviceKind kind, int index, std::string name, size_t capacity, size_t host_capacity)
-    : kind_(kind), index_(index), name_(name), ledger_(std::move(name), capacity, host_capacity) {}
+Device::Device(DeviceKind kind, int index, std::string name, size_t capacity, size_t host_capacity,
+               size_t shared_capacity)
+    : kind_(kind), index_(index), name_(name),
+      ledger_(std::move(name), capacity, host_capacity, shared_capacity) {}
 
 void Device::out_of_memory(MemSpace space, MemCategory category, size_t bytes, const char* why) {
   const LedgerSnapshot snap = ledger_.snapshot();
   const int s = static_cast<int>(space);
+  // Which bound refused it: the space's own capacity, or the one device and host share.
+  const size_t both = snap.total[0].current + snap.total[1].current;
+  const bool own = bytes > snap.capacity[s] || snap.total[s].current > snap.capacity[s] - bytes;
+  const bool shared = !own && snap.shared_capacity != kUnlimited &&
+                      (bytes > snap.shared_capacity || both > snap.shared_capacity - bytes);
   std::string msg = "out of " + std::string(to_string(space)) + " memory on " + name_ +
                     ": cannot allocate " + format_bytes(bytes) + " of " +
                     std::string(to_string(category)) + " (" + why + "; in use " +
-                    format_bytes(snap.total[s].current) + " of " + format_bytes(snap.capacity[s]) +
+                    (shared ? format_bytes(both) + " of the " + format_bytes(snap.shared_capacity) +
+                                  " that device and host memory share"
+                            : format_bytes(snap.total[s].current) + " of " +
+                                  format_bytes(snap.capacity[s])) +
                     ")";
-  msg += "\nHINT: raise the limit (zero_train.device_memory_limit / host_memory_limit), use a "
-         "higher ZeRO stage, more ranks, or offload (offload_optimizer, offload_param).";
+  if (shared)
+    msg += "\nHINT: on this device, device and host memory are the same RAM, so offloading makes "
+           "no room: use a higher ZeRO stage, more ranks on more nodes, a smaller model, or give "
+           "the job more memory (the container's or the batch system's memory limit).";
+  else
+    msg += "\nHINT: raise the limit (zero_train.device_memory_limit / host_memory_limit), use a "
+           "higher ZeRO stage, more ranks, or offload (offload_optimizer, offload_param).";
   throw OutOfMemory(std::move(msg), snap);
 }
 

@@ -1,6 +1,8 @@
 // Devices: where memory lives and where work runs. Two kinds:
 //   cpu   host memory with an optional capacity (unlimited by default), so "a model whose states
-//         exceed device memory" is testable on any machine; streams are cpu executors.
+//         exceed device memory" is testable on any machine; streams are cpu executors. Its
+//         device memory and the host memory it uses are the same RAM: a shared limit bounds the
+//         two together (zero-train sets it to the rank's memory budget, offload/memory_budget.hpp).
 //   cuda  one GPU: cudaMalloc'd memory, capacity = the GPU's real memory (or a lower limit we
 //         set, e.g. to emulate a 32 GiB card), CUDA streams, pinned host memory via cudaHostAlloc.
 //
@@ -62,6 +64,9 @@ struct DeviceOptions {
   // Capacity of host memory used on the device's behalf (pinned staging, offloaded states).
   // 0: unlimited.
   size_t host_memory_limit = 0;
+  // cpu only: device and host memory together (on the cpu backend both are the same RAM), on top
+  // of the two limits above. 0: no such bound. The cuda device ignores it (separate memories).
+  size_t shared_memory_limit = 0;
 };
 
 class Device {
@@ -109,7 +114,8 @@ class Device {
   virtual void set_allocation_stream(Stream* stream) { (void)stream; }
 
  protected:
-  Device(DeviceKind kind, int index, std::string name, size_t capacity, size_t host_capacity);
+  Device(DeviceKind kind, int index, std::string name, size_t capacity, size_t host_capacity,
+         size_t shared_capacity = kUnlimited);
   void set_name(std::string name) { name_ = std::move(name); }
   // Raw allocation without accounting; null on failure. bytes > 0.
   virtual void* raw_allocate(size_t bytes) = 0;

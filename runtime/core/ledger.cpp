@@ -96,12 +96,20 @@ std::string LedgerSnapshot::table() const {
   std::snprintf(line, sizeof line, "  %-22s %12s %12s %12s %12s\n", "capacity",
                 format_bytes(capacity[0]).c_str(), "", format_bytes(capacity[1]).c_str(), "");
   t += line;
+  if (shared_capacity != kUnlimited) {
+    std::snprintf(line, sizeof line, "  %-22s %12s for device and host together (in use %s)\n",
+                  "shared capacity", format_bytes(shared_capacity).c_str(),
+                  format_bytes(total[0].current + total[1].current).c_str());
+    t += line;
+  }
   return t;
 }
 
-MemoryLedger::MemoryLedger(std::string owner, size_t device_capacity, size_t host_capacity) {
+MemoryLedger::MemoryLedger(std::string owner, size_t device_capacity, size_t host_capacity,
+                           size_t shared_capacity) {
   state_.owner = std::move(owner);
   state_.capacity = {device_capacity, host_capacity};
+  state_.shared_capacity = shared_capacity;
 }
 
 bool MemoryLedger::try_reserve(MemSpace space, MemCategory category, size_t bytes) {
@@ -109,6 +117,9 @@ bool MemoryLedger::try_reserve(MemSpace space, MemCategory category, size_t byte
   std::lock_guard lock(mutex_);
   LedgerEntry& total = state_.total[s];
   if (bytes > state_.capacity[s] || total.current > state_.capacity[s] - bytes) return false;
+  // The totals count real allocations: their sum does not wrap.
+  const size_t both = state_.total[0].current + state_.total[1].current;
+  if (bytes > state_.shared_capacity || both > state_.shared_capacity - bytes) return false;
   LedgerEntry& e = state_.by_category[s][c];
   e.current += bytes;
   e.peak = std::max(e.peak, e.current);
@@ -131,6 +142,11 @@ void MemoryLedger::release(MemSpace space, MemCategory category, size_t bytes) {
 size_t MemoryLedger::capacity(MemSpace space) const {
   std::lock_guard lock(mutex_);
   return state_.capacity[static_cast<int>(space)];
+}
+
+size_t MemoryLedger::shared_capacity() const {
+  std::lock_guard lock(mutex_);
+  return state_.shared_capacity;
 }
 
 size_t MemoryLedger::current(MemSpace space) const {

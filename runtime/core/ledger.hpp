@@ -7,6 +7,9 @@
 // "device" is allowed) and `host` (host RAM used on the device's behalf: pinned staging buffers,
 // offloaded optimizer state). Each space has a capacity; an allocation that would take the
 // space's total past it is refused (the caller turns that into an OutOfMemory error).
+// A ledger may also have a shared capacity that bounds the two spaces' totals together: on the
+// cpu backend device memory and host memory are the same RAM, so one budget (this rank's share
+// of the machine's or container's memory) must hold both, not each of them.
 //
 // Bytes are the sizes callers asked for, not the allocator's rounded-up footprint, so the
 // figures compare directly with the ZeRO formulas (16Ψ, 4Ψ + 12Ψ/N, ...).
@@ -56,6 +59,7 @@ struct LedgerSnapshot {
   std::array<std::array<LedgerEntry, kMemCategoryCount>, kMemSpaceCount> by_category{};
   std::array<LedgerEntry, kMemSpaceCount> total{};  // peak of the sum, not the sum of peaks
   std::array<size_t, kMemSpaceCount> capacity{kUnlimited, kUnlimited};
+  size_t shared_capacity = kUnlimited;  // device + host together; kUnlimited: no such bound
 
   const LedgerEntry& at(MemSpace s, MemCategory c) const {
     return by_category[static_cast<int>(s)][static_cast<int>(c)];
@@ -66,14 +70,17 @@ struct LedgerSnapshot {
 
 class MemoryLedger {
  public:
-  MemoryLedger(std::string owner, size_t device_capacity, size_t host_capacity);
+  MemoryLedger(std::string owner, size_t device_capacity, size_t host_capacity,
+               size_t shared_capacity = kUnlimited);
 
-  // Adds `bytes` to (space, category) if the space's total stays within its capacity.
-  // Returns false, changing nothing, if it would not.
+  // Adds `bytes` to (space, category) if the space's total stays within its capacity and the
+  // two spaces' totals together within the shared capacity. Returns false, changing nothing, if
+  // it would not.
   bool try_reserve(MemSpace space, MemCategory category, size_t bytes);
   void release(MemSpace space, MemCategory category, size_t bytes);
 
   size_t capacity(MemSpace space) const;
+  size_t shared_capacity() const;
   size_t current(MemSpace space) const;
   size_t current(MemSpace space, MemCategory category) const;
   LedgerSnapshot snapshot() const;

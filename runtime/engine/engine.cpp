@@ -245,6 +245,22 @@ struct Engine::State {
   }
 
   void init_state();
+  // What the model state takes, from the partition and the options alone (init_state allocates
+  // exactly this): on the device, and with offload on the host (`second_bank`: with the
+  // speculative step's optional second copy of master, m and v).
+  Engine::ModelStateBytes device_state() const;
+  Engine::ModelStateBytes host_state(bool second_bank) const;
+  // Stage 0/1 with 16-bit parameters and accumulation: an fp32 sum of the micro-batches' full
+  // gradients. Stage 2/3 with offload: an fp32 host accumulator of the landed shards.
+  bool fp32_full_sum() const {
+    return o.stage <= 1 && o.gradient_accumulation_steps > 1 && dtype != DType::f32;
+  }
+  bool host_fp32_acc() const {
+    return off && o.stage >= 2 && (o.gradient_accumulation_steps > 1 || dtype == DType::f32);
+  }
+  // Throws the ledger's OutOfMemory when the model state cannot fit the device's capacities, before
+  // anything of it is allocated.
+  void check_fits() const;
   std::vector<Tensor> views(int unit, bool grads);
   bool present(int g) const { return whole[static_cast<size_t>(g)] || gathered[static_cast<size_t>(g)]; }
   void gather_group(int g);
@@ -430,6 +446,11 @@ void Engine::State::init_state() {
     owned_begin.push_back(o.stage == 0 ? 0 : static_cast<int64_t>(rank) * grp.shard_numel);
     owned_off.push_back(owned_total);
     owned_total += owned_len(g);
+  }
+  check_fits();
+  for (int g = 0; g < G; ++g) {
+    const Partition::Group& grp = part.group(g);
+    const size_t gi = static_cast<size_t>(g);
     if (off_param && !whole[gi]) {  // the shard lives on the host
       h_shard.push_back(host->allocate(static_cast<size_t>(grp.shard_numel) * esize(), MemCategory::parameters));
     } else {
@@ -439,7 +460,7 @@ void Engine::State::init_state() {
     }
     if (o.stage <= 1)
       grad_full[gi] = Tensor::zeros(dev, compute, Shape{grp.padded_numel}, st, MemCategory::gradients);
-    if (o.stage <= 1 && o.gradient_accumulation_steps > 1 && dtype != DType::f32) {
+    if (fp32_full_sum()) {
       if (grad_sum01.empty()) grad_sum01.resize(Gs);
       grad_sum01[gi] = Tensor::zeros(dev, compute, Shape{grp.padded_numel}, ScalarType::f32, MemCategory::gradients);
     }
@@ -449,7 +470,7 @@ void Engine::State::init_state() {
   if (off) {
     // Host memory is not zeroed: the accumulator and the moments must be.
     h_land = host->allocate(owned * esize(), MemCategory::gradients);
-    if (o.stage >= 2 && grad_acc_type == DType::f32) {
+    if (host_fp32_acc()) {
       h_acc = host->allocate(owned * 4, MemCategory::gradients);
       std::memset(h_acc.data(), 0, h_acc.bytes());
     }
@@ -1041,6 +1062,7 @@ StepStats Engine::State::boundary(double loss) {
   st.grad_norm = sc.grad_norm;
   st.lr = o.lr(applied + 1);  // the step about to be applied
   st.loss_scale = sc.loss_scale;
+  st.next_loss_scale = scaler ? scaler->scale() : 1.0;
   st.applied = sc.apply;
   guess_next = sc.apply && sc.clip_coef == 1.0f;
 
@@ -1193,45 +1215,95 @@ std::vector<float> Engine::parameter(int p) {
   return out;
 }
 
-Engine::ModelStateBytes Engine::expected_model_state() const {
-  const State& s = *s_;
-  const size_t psi = static_cast<size_t>(s.part.padded_numel_total());
-  const size_t shard = static_cast<size_t>(s.part.shard_numel_total());
-  const size_t e = size_of(s.dtype);
-  const size_t owned = s.o.stage == 0 ? psi : shard;
+Engine::ModelStateBytes Engine::State::device_state() const {
+  const size_t psi = static_cast<size_t>(part.padded_numel_total());
+  const size_t shard = static_cast<size_t>(part.shard_numel_total());
+  const size_t e = size_of(dtype);
+  const size_t owned = o.stage == 0 ? psi : shard;
   ModelStateBytes b;
-  for (int g = 0; g < s.part.group_count(); ++g) {
-    const Partition::Group& grp = s.part.group(g);
-    const bool whole = s.whole[static_cast<size_t>(g)];
-    if (!whole && s.off_param) continue;  // on the host
-    b.parameters += e * static_cast<size_t>(whole ? grp.padded_numel : grp.shard_numel);
+  for (int g = 0; g < part.group_count(); ++g) {
+    const Partition::Group& grp = part.group(g);
+    const bool w = whole[static_cast<size_t>(g)];
+    if (!w && off_param) continue;  // on the host
+    b.parameters += e * static_cast<size_t>(w ? grp.padded_numel : grp.shard_numel);
   }
-  if (s.o.stage <= 1)
-    b.gradients = e * psi + (s.grad_sum01.empty() ? 0 : 4 * psi);  // + the fp32 sum, see State
-  else if (!s.off)
-    b.gradients = (s.o.gradient_accumulation_steps > 1 ? 4 : e) * shard;
-  if (!s.off) {
-    b.master = s.dtype == DType::f32 ? 0 : 4 * owned;
+  if (o.stage <= 1)
+    b.gradients = e * psi + (fp32_full_sum() ? 4 * psi : 0);  // + the fp32 sum, see above
+  else if (!off)
+    b.gradients = (o.gradient_accumulation_steps > 1 ? 4 : e) * shard;
+  if (!off) {
+    b.master = dtype == DType::f32 ? 0 : 4 * owned;
     b.optimizer = 8 * owned;
   }
   return b;
 }
 
-Engine::ModelStateBytes Engine::expected_host_state() const {
-  const State& s = *s_;
+Engine::ModelStateBytes Engine::State::host_state(bool second_bank) const {
   ModelStateBytes b;
-  if (!s.off) return b;
-  const size_t owned = static_cast<size_t>(s.owned_total);
-  const size_t e = size_of(s.dtype);
+  if (!off) return b;
+  const size_t owned = static_cast<size_t>(owned_total);
+  const size_t e = size_of(dtype);
   b.parameters = e * owned;
-  for (int g = 0; g < s.part.group_count() && s.off_param; ++g)
-    if (!s.whole[static_cast<size_t>(g)]) b.parameters += e * static_cast<size_t>(s.part.group(g).shard_numel);
-  b.gradients = e * owned + (s.h_acc ? 4 * owned : 0);
-  const size_t banks = s.spec ? 2 : 1;  // the speculative step's second copy
+  for (int g = 0; g < part.group_count() && off_param; ++g)
+    if (!whole[static_cast<size_t>(g)]) b.parameters += e * static_cast<size_t>(part.group(g).shard_numel);
+  b.gradients = e * owned + (host_fp32_acc() ? 4 * owned : 0);
+  const size_t banks = second_bank ? 2 : 1;  // the speculative step's second copy
   b.master = 4 * owned * banks;
   b.optimizer = 8 * owned * banks;
   return b;
 }
+
+namespace {
+
+std::string state_text(const Engine::ModelStateBytes& b) {
+  return format_bytes(b.total()) + " (parameters " + format_bytes(b.parameters) + ", gradients " +
+         format_bytes(b.gradients) + ", master weights " + format_bytes(b.master) +
+         ", optimizer states " + format_bytes(b.optimizer) + ")";
+}
+
+}  // namespace
+
+// A model whose state cannot fit is refused here, before its first byte is allocated: filling
+// memory up to the limit first would take time and, where the limit is the machine's, push
+// other processes out. Activations and transient buffers come on top, so passing this check is
+// necessary, not sufficient; the ledger still refuses any allocation past a capacity.
+void Engine::State::check_fits() const {
+  const MemoryLedger& ledger = dev.ledger();
+  const ModelStateBytes d = device_state(), h = host_state(false);
+  const size_t dcap = ledger.capacity(MemSpace::device), hcap = ledger.capacity(MemSpace::host);
+  const size_t shared = ledger.shared_capacity();
+  const size_t dnow = ledger.current(MemSpace::device), hnow = ledger.current(MemSpace::host);
+  auto over = [](size_t now, size_t need, size_t cap) { return need > cap || now > cap - need; };
+  std::string what, hint;
+  if (over(dnow, d.total(), dcap)) {
+    what = "out of device memory on " + dev.name() + ": the model state needs " + state_text(d) +
+           " per rank, and " + format_bytes(dcap - std::min(dcap, dnow)) + " of the device's " +
+           format_bytes(dcap) + " are free";
+    hint = "use a higher ZeRO stage, more ranks, offload (offload_optimizer, offload_param), or a "
+           "larger zero_train.device_memory_limit";
+  } else if (over(hnow, h.total(), hcap)) {
+    what = "out of host memory on " + dev.name() + ": the offloaded model state needs " +
+           state_text(h) + " per rank, and " + format_bytes(hcap - std::min(hcap, hnow)) +
+           " of the host memory limit " + format_bytes(hcap) + " are free";
+    hint = "use more ranks (on more nodes), a smaller model, or a larger "
+           "zero_train.host_memory_limit if the host really has the memory";
+  } else if (shared != kUnlimited && over(dnow + hnow, d.total() + h.total(), shared)) {
+    what = "out of memory on " + dev.name() + ": the model state needs " + state_text(d) +
+           " of device memory" + (h.total() ? " and " + state_text(h) + " of host memory" : "") +
+           " per rank, and " + format_bytes(shared - std::min(shared, dnow + hnow)) + " of the " +
+           format_bytes(shared) + " that device and host memory share here are free";
+    hint = "on this device, device and host memory are the same RAM, so offloading makes no room: "
+           "use a higher ZeRO stage, more ranks on more nodes, a smaller model, or give the job "
+           "more memory (the container's or the batch system's memory limit)";
+  }
+  if (what.empty()) return;
+  throw OutOfMemory(what + " (checked before allocating any of it)\nHINT: " + hint + ".",
+                    ledger.snapshot());
+}
+
+Engine::ModelStateBytes Engine::expected_model_state() const { return s_->device_state(); }
+
+Engine::ModelStateBytes Engine::expected_host_state() const { return s_->host_state(s_->spec); }
 
 offload::CopyCounters Engine::offload_traffic() const {
   return s_->copies ? s_->copies->counters() : offload::CopyCounters{};
@@ -1343,6 +1415,24 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag,
     }
     k += pc.count;
   }
+  // A checkpoint holds only finite state: one saved after the run diverged would replace the
+  // last good one as `latest` and could only resume into NaN. Refused on every rank, before
+  // anything is written.
+  std::string nonfinite;
+  for (int a = 0; a < 3 && nonfinite.empty(); ++a) {
+    const int64_t bad = checkpoint::first_non_finite(data[static_cast<size_t>(a)]);
+    if (bad < 0) continue;
+    const std::vector<checkpoint::Piece>& pieces = ep.pieces;
+    int64_t start = 0;
+    size_t p = 0;
+    while (p + 1 < pieces.size() && start + pieces[p].count <= bad) start += pieces[p++].count;
+    nonfinite = "save_checkpoint " + dir + "/" + tag + ": the model state is not finite (" +
+                kArrays[a] + " of parameter " + s.model.params[static_cast<size_t>(pieces[p].param)].name +
+                ", element " + std::to_string(pieces[p].offset + (bad - start)) +
+                ", is " + std::to_string(data[static_cast<size_t>(a)][static_cast<size_t>(bad)]) +
+                "): not saved, so the checkpoints already in " + dir + " stay as they are";
+  }
+  agree(host_comm, "save_checkpoint " + dir + "/" + tag, nonfinite);
   nlohmann::json meta;
   nlohmann::json engine = {{"steps", s.steps},
                            {"applied_steps", s.applied},
@@ -1418,6 +1508,7 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
     req.params = table;
     req.pieces = ep.pieces;
     req.arrays = arrays;
+    req.require_finite = true;  // NaN weights or moments would only train NaN
     const checkpoint::LoadResult r = checkpoint::load(dir, tag, req);
     meta = nlohmann::json::parse(r.metadata);
     const nlohmann::json& e = meta.at("engine");

@@ -119,8 +119,9 @@ struct StepStats {
   double loss = 0;          // mean loss over this rank's micro-batches
   float grad_norm = 0;      // global norm of the (unscaled, averaged) gradient
   float lr = 0;
-  double loss_scale = 1;
-  bool applied = true;      // false: fp16 overflow, step skipped
+  double loss_scale = 1;     // the scale this step's gradients were computed at
+  double next_loss_scale = 1;  // the scale of the next step (fp16 dynamic: lower after an overflow)
+  bool applied = true;      // false: non-finite gradients (fp16 overflow, bf16 check), step skipped
   // Offload with speculative_host_step: whether this step's AdamW ran during backward and was
   // kept, ran and was dropped (clipping, overflow), or did not run ahead.
   enum class Speculation { none, kept, dropped } speculation = Speculation::none;
@@ -213,7 +214,9 @@ class Engine {
   // pieces of the rank that owns them (stage 0: rank 0 writes all); the manifest's metadata holds
   // the engine's counters (steps, applied steps, which drive Adam's t and the LR schedule), the
   // loss scaler's state, and `user_metadata` (a JSON object: the caller's data position etc.).
-  // Atomic: a crash at any point leaves the previous checkpoints of dir loadable.
+  // Atomic: a crash at any point leaves the previous checkpoints of dir loadable. A state that
+  // holds a NaN or infinity is not saved: zero::Error on every rank, nothing written.
+  // load_checkpoint refuses such values as well (a damaged checkpoint), naming the rank file.
   //
   // load_checkpoint restores all of that from dir/tag, saved at any world size and stage (the
   // checkpoint re-slices to this partition); the working parameters become the master rounded

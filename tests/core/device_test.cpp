@@ -85,6 +85,27 @@ TEST_CASE("device: host memory limit") {
                     ContainsSubstring("out of host memory on cpu:0"));
 }
 
+TEST_CASE("device: the cpu device's shared limit bounds device and host memory together") {
+  zero::DeviceOptions opt;
+  opt.shared_memory_limit = 1 << 20;  // device and host are the same RAM: one budget of 1 MiB
+  auto dev = zero::make_device(zero::DeviceKind::cpu, 0, opt);
+  CHECK(dev->capacity() == zero::kUnlimited);
+  CHECK(dev->ledger().shared_capacity() == (1u << 20));
+  zero::Buffer params = dev->allocate(768 << 10, MemCategory::parameters);
+  try {
+    zero::Buffer states = dev->allocate_host(512 << 10, MemCategory::optimizer_states, false);
+    FAIL("host memory past the shared limit was allocated");
+  } catch (const zero::OutOfMemory& e) {
+    const std::string w = e.what();
+    CHECK_THAT(w, ContainsSubstring("out of host memory on cpu:0"));
+    CHECK_THAT(w, ContainsSubstring("in use 768.00 KiB of the 1.00 MiB that device and host memory share"));
+    CHECK_THAT(w, ContainsSubstring("offloading makes no room"));
+    CHECK_THAT(w, ContainsSubstring("shared capacity"));
+  }
+  zero::Buffer rest = dev->allocate_host(256 << 10, MemCategory::optimizer_states, false);
+  CHECK_THROWS_AS(dev->allocate(1, MemCategory::other), zero::OutOfMemory);
+}
+
 TEST_CASE("device: stream-ordered copy and fill on the cpu device") {
   auto dev = zero::make_device(zero::DeviceKind::cpu);
   auto stream = dev->create_stream("copy");

@@ -44,6 +44,29 @@ TEST_CASE("ledger: capacity is per space and refuses without changing anything")
   CHECK_FALSE(big.try_reserve(MemSpace::device, MemCategory::other, zero::kUnlimited));
 }
 
+TEST_CASE("ledger: a shared capacity bounds device and host together") {
+  // The cpu backend: device and host memory are one RAM, each space alone may use all of it.
+  zero::MemoryLedger l("cpu:0", zero::kUnlimited, zero::kUnlimited, 1000);
+  CHECK(l.shared_capacity() == 1000);
+  REQUIRE(l.try_reserve(MemSpace::device, MemCategory::parameters, 700));
+  CHECK_FALSE(l.try_reserve(MemSpace::host, MemCategory::optimizer_states, 301));
+  CHECK(l.current(MemSpace::host) == 0);  // refused without a trace
+  CHECK(l.try_reserve(MemSpace::host, MemCategory::optimizer_states, 300));  // exactly full
+  CHECK_FALSE(l.try_reserve(MemSpace::device, MemCategory::other, 1));
+  l.release(MemSpace::device, MemCategory::parameters, 700);
+  CHECK(l.try_reserve(MemSpace::device, MemCategory::other, 700));
+  CHECK_FALSE(l.try_reserve(MemSpace::host, MemCategory::other, zero::kUnlimited));
+  // Each space's own capacity still applies inside the shared one.
+  zero::MemoryLedger both("cpu:0", 100, zero::kUnlimited, 1000);
+  CHECK_FALSE(both.try_reserve(MemSpace::device, MemCategory::other, 101));
+  CHECK(both.try_reserve(MemSpace::host, MemCategory::other, 900));
+  // The table says so.
+  const std::string t = l.snapshot().table();
+  CHECK_THAT(t, ContainsSubstring("shared capacity"));
+  CHECK_THAT(t, ContainsSubstring("1000 B for device and host together (in use 1000 B)"));
+  CHECK_THAT(zero::MemoryLedger("x", 1, 1).snapshot().table(), !ContainsSubstring("shared"));
+}
+
 TEST_CASE("ledger: releasing more than was allocated is an error") {
   zero::MemoryLedger l("test", zero::kUnlimited, zero::kUnlimited);
   REQUIRE(l.try_reserve(MemSpace::host, MemCategory::pinned_host, 10));
