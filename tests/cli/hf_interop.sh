@@ -75,9 +75,9 @@ expect() {  # expect RC REGEX -- command...
   echo "ok: exit $got, '$regex'"
 }
 python3 "$src/tests/cli/hf_gpt2_file.py" hf/model.safetensors untied.safetensors --untied
-expect 1 "'lm_head.weight' differs from 'wte.weight' \(first at element 5: " -- "$zt" --config "$cfg" --init-from untied.safetensors
+expect 2 "'lm_head.weight' differs from 'wte.weight' \(first at element 5: " -- "$zt" --config "$cfg" --init-from untied.safetensors
 python3 "$src/tests/cli/hf_gpt2_file.py" hf/model.safetensors both.safetensors --both-names
-expect 1 "has both 'transformer.wte.weight' and 'wte.weight'|has both 'wte.weight' and 'transformer.wte.weight'" -- "$zt" --config "$cfg" --init-from both.safetensors
+expect 2 "has both 'transformer.wte.weight' and 'wte.weight'|has both 'wte.weight' and 'transformer.wte.weight'" -- "$zt" --config "$cfg" --init-from both.safetensors
 mkdir -p refused
 expect 1 "--n-head 8, but the checkpoint was trained with 4 heads" -- "$zt" export --checkpoint ck --out refused/model.safetensors --hf-config --n-head 8
 [ -z "$(ls -A refused)" ] || fail "a refused export wrote $(ls -A refused)"
