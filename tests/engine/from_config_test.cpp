@@ -140,10 +140,12 @@ TEST_CASE("engine options: Hugging Face's auto templates build their schedules")
         config::load_config_file(std::string(ZERO_TEST_DATA_DIR) + "/configs/" + name, env);
     REQUIRE(r.ok());
     const EngineOptions o = engine_options(r.config);
-    // log warmup over max(2, 0) = 2 steps from warmup_min_lr 0 to the optimizer's lr 1e-3:
-    // step 1 at ln(1)/ln(2) = 0, step 2 at ln(2)/ln(2) = 1.
+    // log warmup over max(2, 0) = 2 iterations from warmup_min_lr 0 to the optimizer's lr 1e-3.
+    // Applied step t runs at DeepSpeed's iteration t - 2: step 1 at the constructor's lr
+    // (warmup_min_lr), step 2 at ln(1)/ln(2) = 0, step 3 at ln(2)/ln(2) = 1.
     CHECK(o.lr(1) == 0.0f);
-    CHECK(o.lr(2) == 1e-3f);
+    CHECK(o.lr(2) == 0.0f);
+    CHECK(o.lr(3) == 1e-3f);
   }
 }
 
