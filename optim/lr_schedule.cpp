@@ -57,7 +57,9 @@ class WarmupLR : public LrSchedule {
         min_(p.warmup_min_lr),
         delta_(p.warmup_max_lr - p.warmup_min_lr),
         name_(name) {
-    require_at_least(p.warmup_num_steps, 1, "warmup_num_steps", name);
+    // 0 and 1 are allowed and count as 2 (DeepSpeed since 2021, PR #772): Hugging Face's Trainer
+    // fills "auto" with its --warmup_steps, 0 by default.
+    require_at_least(p.warmup_num_steps, 0, "warmup_num_steps", name);
   }
 
   double lr(int64_t it) const override {
@@ -104,7 +106,7 @@ class WarmupCosineLR final : public LrSchedule {
         warmup_min_ratio_(p.warmup_min_ratio),
         cos_min_ratio_(p.cos_min_ratio),
         base_lr_(optimizer_lr) {
-    require_at_least(p.warmup_num_steps, 1, "warmup_num_steps", "WarmupCosineLR");
+    require_at_least(p.warmup_num_steps, 0, "warmup_num_steps", "WarmupCosineLR");  // as WarmupLR
   }
 
   double lr(int64_t it) const override {

@@ -37,7 +37,7 @@ enum class WarmupType { log, linear };
 struct WarmupLRParams {
   double warmup_min_lr = 0.0;                // lr at it <= 0
   double warmup_max_lr = 1e-3;               // lr from it = warmup_num_steps on
-  int64_t warmup_num_steps = 1000;           // N (>= 1); the formulas use max(2, N)
+  int64_t warmup_num_steps = 1000;           // N (>= 0); the formulas use max(2, N)
   WarmupType warmup_type = WarmupType::log;  // log: ln(it+1)/ln(N); linear: it/N
 };
 
@@ -48,7 +48,7 @@ struct WarmupDecayLRParams : WarmupLRParams {
 struct WarmupCosineLRParams {
   int64_t total_num_steps = 0;               // T: the cosine ends at it = T - 1
   double warmup_min_ratio = 0.0;             // lr at it = 0, as a ratio of the optimizer lr
-  int64_t warmup_num_steps = 1000;           // N (>= 1); the formulas use max(2, N)
+  int64_t warmup_num_steps = 1000;           // N (>= 0); the formulas use max(2, N)
   double cos_min_ratio = 1e-4;               // lr at the end, as a ratio of the optimizer lr
   WarmupType warmup_type = WarmupType::log;
 };
@@ -101,7 +101,7 @@ class LrSchedule {
 
 // The schedule `spec` describes. `optimizer_lr` (optimizer.params.lr) is the constant schedule's
 // lr and WarmupCosineLR's base. Throws zero::Error naming the scheduler.params key when a value
-// makes the formulas meaningless (warmup_num_steps < 1, a step size < 1, ...).
+// makes the formulas meaningless (warmup_num_steps < 0, a step size < 1, ...).
 std::unique_ptr<LrSchedule> make_lr_schedule(const ScheduleSpec& spec, double optimizer_lr);
 
 // Where a run is in its schedule: DeepSpeed's scheduler object, reduced to its counter.

@@ -324,8 +324,37 @@ bool on_all_ranks(zero::World& world, const std::string& what, F&& body) {
   return false;
 }
 
+// The default data (the embedded addition task) as the run configures it.
+zero::models::data::AdditionOptions addition_options(const zero::config::Config& c) {
+  return {.digits = 2, .seed = static_cast<uint64_t>(c.seed), .held_out_fraction = 0.1};
+}
+
+// The addition task's needs of the model: a clear error naming the model's sizes.
+void check_model_fits_addition(const zero::models::data::AdditionTask& task,
+                               const zero::models::GptShape& shape) {
+  using zero::models::data::AdditionTask;
+  if (shape.vocab_size < AdditionTask::kVocabSize || shape.seq_len < task.min_seq_len())
+    ZERO_FAIL("the addition task needs zero_train.model.vocab_size >= " +
+              std::to_string(AdditionTask::kVocabSize) + " and seq_len >= " +
+              std::to_string(task.min_seq_len()) + ", the model has " +
+              std::to_string(shape.vocab_size) + " and " + std::to_string(shape.seq_len) +
+              "\nHINT: use a larger vocabulary or context, or the preset \"tiny\"");
+}
+
+// Everything start-up derives from the config alone, before it opens a device or reads data:
+// the engine's options (the LR schedule built, and what the Engine's constructor checks about
+// them) and the model against the default data. --validate and training both run it, so a
+// config that validates does not fail at start for a reason in the config. Throws zero::Error.
+void check_startup(const zero::config::Config& c, const Flags& flags) {
+  (void)zero::engine_options(c);
+  if (flags.data.empty())
+    check_model_fits_addition(zero::models::data::AdditionTask(addition_options(c)), c.ours.model);
+}
+
 // The config, with the flags that replace parts of it (--model, --seed, --device) written into
-// its JSON first, so that everything derived from them ("auto" bucket sizes from n_embd) agrees.
+// it before it is read, so that everything derived from them ("auto" bucket sizes from n_embd)
+// agrees; then check_startup. Every error is printed (rank 0; another rank only for its own
+// errors) and the result is nullopt on every rank when any rank failed.
 std::optional<zero::config::Config> load(zero::World& world, const Flags& flags) {
   namespace cfg = zero::config;
   const std::string& path = flags.config;
@@ -336,42 +365,44 @@ std::optional<zero::config::Config> load(zero::World& world, const Flags& flags)
   env.steps_flag = flags.steps;
   env.watchdog_timeout_flag = flags.watchdog_timeout;
 
-  cfg::LoadResult result = cfg::load_config_file(path, env);
   std::string flag_error;
-  const bool patch = !flags.model.empty() || flags.seed || !flags.device.empty();
-  if (result.ok() && patch) {
+  if (!flags.model.empty()) {
+    const std::string origin = "--model " + flags.model;
+    if (zero::models::gpt_preset(flags.model)) {
+      // A preset's name is a plain word (gpt_preset matched it): safe inside JSON quotes.
+      env.overrides.push_back({"zero_train.model", "{\"preset\": \"" + flags.model + "\"}", origin});
+    } else if (flags.model.find(".json") != std::string::npos) {
+      std::ifstream m(flags.model, std::ios::binary);
+      std::ostringstream text;
+      if (m) text << m.rdbuf();
+      if (!m || m.bad())
+        flag_error = origin + ": cannot read the file (" + std::strerror(errno) + ")";
+      else
+        env.overrides.push_back({"zero_train.model", text.str(), origin});
+    } else {
+      flag_error = "--model '" + flags.model +
+                   "' is neither a preset (tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, "
+                   "zero-offload-10b) nor a .json model file";
+    }
+  }
+  if (flags.seed) env.overrides.push_back({"seed", std::to_string(*flags.seed), "--seed"});
+  // --device was checked to be auto, cpu or cuda: safe inside JSON quotes.
+  if (!flags.device.empty())
+    env.overrides.push_back({"zero_train.device", "\"" + flags.device + "\"", "--device"});
+
+  cfg::LoadResult result = cfg::load_config_file(path, env);
+  std::string startup_error;
+  if (result.ok() && flag_error.empty()) {
     try {
-      std::ifstream in(path);
-      nlohmann::ordered_json j = nlohmann::ordered_json::parse(in);
-      if (!j.contains("zero_train")) j["zero_train"] = nlohmann::ordered_json::object();
-      if (!flags.model.empty()) {
-        if (zero::models::gpt_preset(flags.model)) {
-          j["zero_train"]["model"] = {{"preset", flags.model}};
-        } else if (flags.model.find(".json") != std::string::npos) {
-          std::ifstream m(flags.model);
-          if (!m) throw std::runtime_error("--model " + flags.model + ": cannot read the file");
-          try {
-            j["zero_train"]["model"] = nlohmann::ordered_json::parse(m);
-          } catch (const nlohmann::json::exception& e) {
-            throw std::runtime_error("--model " + flags.model + ": not valid JSON (" + e.what() + ")");
-          }
-        } else {
-          throw std::runtime_error("--model '" + flags.model +
-                                   "' is neither a preset (tiny, gpt2-124m, gpt2-350m, gpt2-774m, "
-                                   "gpt2-1.5b, zero-offload-10b) nor a .json model file");
-        }
-      }
-      if (flags.seed) j["seed"] = *flags.seed;
-      if (!flags.device.empty()) j["zero_train"]["device"] = flags.device;
-      result = cfg::parse_config(j.dump(), path, env);
+      check_startup(result.config, flags);
     } catch (const std::exception& e) {
-      flag_error = e.what();
+      startup_error = error_text(e);
     }
   }
 
   // All ranks read the file; rank 0 reports. A rank that fails where rank 0 did not (a file
   // missing on one host) reports its own errors, so nothing is hidden.
-  const bool ok = result.ok() && flag_error.empty();
+  const bool ok = result.ok() && flag_error.empty() && startup_error.empty();
   int root_ok = ok ? 1 : 0;
   ZERO_CHECK_MPI(MPI_Bcast(&root_ok, 1, MPI_INT, 0, world.comm()));
   const bool report_here = world.is_root() || (root_ok && !ok);
@@ -382,6 +413,8 @@ std::optional<zero::config::Config> load(zero::World& world, const Flags& flags)
       if (world.is_root() || d.severity == cfg::Diagnostic::Severity::error)
         std::fprintf(stderr, "%s%s\n", prefix.c_str(), cfg::format_diagnostic(d, path).c_str());
     if (!flag_error.empty()) std::fprintf(stderr, "%szero-train: error: %s\n", prefix.c_str(), flag_error.c_str());
+    if (!startup_error.empty())
+      std::fprintf(stderr, "%s%s: error: %s\n", prefix.c_str(), path.c_str(), startup_error.c_str());
   }
   if (world.any(!ok)) {
     if (world.is_root())
@@ -628,15 +661,9 @@ int train(zero::World& world, const Flags& flags) {
                                                                           static_cast<uint64_t>(c.seed) + 1);
           (void)data.eval_shards->windows_per_epoch(data.seq_len);
         } else if (flags.data.empty()) {
-          data.addition = std::make_unique<models::data::AdditionTask>(
-              models::data::AdditionOptions{.digits = 2, .seed = static_cast<uint64_t>(c.seed), .held_out_fraction = 0.1});
+          data.addition = std::make_unique<models::data::AdditionTask>(addition_options(c));
           data.seq_len = data.addition->min_seq_len();
-          if (shape.vocab_size < models::data::AdditionTask::kVocabSize || shape.seq_len < data.seq_len)
-            ZERO_FAIL("the addition task needs vocab_size >= " +
-                      std::to_string(models::data::AdditionTask::kVocabSize) + " and seq_len >= " +
-                      std::to_string(data.seq_len) + ", the model has " + std::to_string(shape.vocab_size) +
-                      " and " + std::to_string(shape.seq_len) +
-                      "\nHINT: use a larger vocabulary or context, or the preset \"tiny\"");
+          check_model_fits_addition(*data.addition, shape);  // also in check_startup
         } else {
           data.seq_len = shape.seq_len;
           data.shards = std::make_unique<models::data::TokenShards>(flags.data, shape.vocab_size, static_cast<uint64_t>(c.seed));

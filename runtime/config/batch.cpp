@@ -3,6 +3,7 @@
 #include <optional>
 #include <string>
 
+#include "runtime/config/limits.hpp"
 #include "runtime/config/text.hpp"
 
 namespace zero::config::detail {
@@ -43,9 +44,9 @@ void resolve_batch(const BatchInput& in, const Environment& env, Batch& out,
   // A flag fills an absent or "auto" key; against an explicit value it must agree.
   auto take = [&](const BatchKey& k, const std::optional<long long>& flag, const char* name,
                   const char* flag_name) -> std::optional<long long> {
-    if (flag && *flag < 1) {
+    if (flag && (*flag < 1 || *flag > kMaxBatch)) {
       error(diagnostics, "", std::string(flag_name) + " " + str(*flag) +
-                                 ": expected an integer >= 1");
+                                 ": expected an integer in 1.." + str(kMaxBatch));
       flags_ok = false;
       return std::nullopt;
     }
@@ -80,17 +81,26 @@ void resolve_batch(const BatchInput& in, const Environment& env, Batch& out,
     mb = 1;  // "auto" with nothing to derive it from: micro-batch 1 (accumulation 1 below)
   }
 
-  // Products of user-given numbers: refuse what would overflow rather than wrap.
-  long long mw = 0, gw = 0, full = 0;
-  auto fits = [&](long long a, long long b, long long& r) {
-    if (!__builtin_mul_overflow(a, b, &r)) return true;
+  // Each key is at most kMaxBatch (read_batch_key) and so is the world size: a product of two
+  // fits in 64 bits; micro x accumulation x world is checked against kMaxBatch before use.
+  long long full = 0;
+  auto fits = [&](long long m, long long g) {
+    if (!__builtin_mul_overflow(m, g, &full) && !__builtin_mul_overflow(full, w, &full) &&
+        full <= kMaxBatch)
+      return true;
     error(diagnostics, kTb,
-          "the batch keys multiply to more than a 64-bit integer holds; use smaller values");
+          "train_micro_batch_size_per_gpu " + str(m) + " x gradient_accumulation_steps " + str(g) +
+              " x data-parallel world size " + str(w) + " = " +
+              format_number(static_cast<double>(m) * static_cast<double>(g) *
+                            static_cast<double>(w)) +
+              " samples per step, more than zero-train counts (" + str(kMaxBatch) +
+              "); use a smaller micro-batch or accumulation");
     return false;
   };
+  const long long mw = mb ? *mb * w : 0, gw = ga ? *ga * w : 0;
 
   if (tb && mb && ga) {
-    if (!fits(*mb, *ga, full) || !fits(full, w, full)) return;
+    if (!fits(*mb, *ga)) return;
     if (full != *tb) {
       error(diagnostics, kTb,
             "train_batch_size " + str(*tb) + " != train_micro_batch_size_per_gpu " + str(*mb) +
@@ -100,7 +110,6 @@ void resolve_batch(const BatchInput& in, const Environment& env, Batch& out,
       return;
     }
   } else if (tb && mb) {
-    if (!fits(*mb, w, mw)) return;
     if (*tb % mw != 0) {
       error(diagnostics, kTb,
             "train_batch_size " + str(*tb) + " != train_micro_batch_size_per_gpu " + str(*mb) +
@@ -111,7 +120,6 @@ void resolve_batch(const BatchInput& in, const Environment& env, Batch& out,
     }
     ga = *tb / mw;
   } else if (tb && ga) {
-    if (!fits(*ga, w, gw)) return;
     if (*tb % gw != 0) {
       error(diagnostics, kTb,
             "train_batch_size " + str(*tb) + " != train_micro_batch_size_per_gpu " +
@@ -134,7 +142,7 @@ void resolve_batch(const BatchInput& in, const Environment& env, Batch& out,
     mb = *tb / w;
   } else {  // micro-batch known, with or without accumulation
     if (!ga) ga = 1;
-    if (!fits(*mb, *ga, full) || !fits(full, w, full)) return;
+    if (!fits(*mb, *ga)) return;
     tb = full;
   }
   out.train_batch_size = *tb;

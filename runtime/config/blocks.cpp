@@ -9,6 +9,7 @@
 #include "runtime/config/batch.hpp"
 #include "runtime/config/config.hpp"
 #include "runtime/config/json_io.hpp"
+#include "runtime/config/limits.hpp"
 
 namespace zero::config {
 namespace detail {
@@ -35,6 +36,11 @@ constexpr Choice<int> kSchedulerTypes[] = {
 constexpr Choice<WarmupType> kWarmupTypes[] = {
     {"log", WarmupType::log},
     {"linear", WarmupType::linear},
+};
+
+constexpr Choice<bool> kDecaySets[] = {
+    {"matrices", false},
+    {"all", true},
 };
 
 constexpr Choice<std::optional<DeviceKind>> kDevices[] = {
@@ -94,11 +100,21 @@ void resolve_precision(Session& s, Config& c) {
 
 // ---- optimizer ----------------------------------------------------------------------------------
 
+// Every learning rate (optimizer.params.lr and the schedules' lrs) is in [0, kMaxLr]. Adam moves
+// each weight by about lr per step whatever the gradient's scale, so an lr of 1 already moves
+// every weight by 50 times its initial size (std 0.02) per step: anything above is a typo or a
+// unit mistake, and 1e30 would overflow fp32 within a step.
+constexpr double kMaxLr = 1.0;
+constexpr std::string_view kLrHint =
+    "Adam moves every weight by about lr per step, so a learning rate above 1 destroys any model "
+    "(typical values: 1e-5 to 1e-3)";
+
 template <class Io>
 void visit(Io& io, AdamParams& a, OptimizerType type) {
   const AdamParams defaults;  // what "auto" means: the defaults (lr: the --lr flag first)
   io.key("lr", a.lr,
-         {.min = 0, .auto_value = defaults.lr, .flag = &io.env().lr_flag, .flag_name = "--lr"});
+         {.min = 0, .max = kMaxLr, .auto_value = defaults.lr, .flag = &io.env().lr_flag,
+          .flag_name = "--lr", .hint = kLrHint});
   io.key("betas", a.betas, {.min = 0, .max = 1, .max_open = true, .auto_value = defaults.betas});
   io.key("eps", a.eps, {.min = 0, .min_open = true, .auto_value = defaults.eps});
   io.key("weight_decay", a.weight_decay, {.min = 0, .auto_value = defaults.weight_decay});
@@ -136,9 +152,13 @@ void visit_schedule(Io&, std::monostate&, const Config&) {}
 
 template <class Io>
 void visit_schedule(Io& io, WarmupLR& p, const Config& c) {
-  io.key("warmup_min_lr", p.warmup_min_lr, {.min = 0, .auto_value = 0.0});
+  io.key("warmup_min_lr", p.warmup_min_lr,
+         {.min = 0, .max = kMaxLr, .auto_value = 0.0, .hint = kLrHint});
   io.key("warmup_max_lr", p.warmup_max_lr,
-         {.min = 0, .auto_later = [&c] { return c.optimizer.params.lr; }});
+         {.min = 0, .max = kMaxLr, .auto_later = [&c] { return c.optimizer.params.lr; },
+          .hint = kLrHint});
+  // "auto": Hugging Face's Trainer writes its warmup steps there (--warmup_steps, else
+  // ceil(--warmup_ratio x total steps); 0 by default). 0 and 1 count as 2, as in DeepSpeed.
   io.key("warmup_num_steps", p.warmup_num_steps,
          {.min = 0,
           .auto_value = 0LL,
@@ -197,8 +217,8 @@ void visit_schedule(Io& io, OneCycle& p, const Config&) {
     second_step_given = io.find("cycle_second_step_size") != nullptr;
     second_stair_given = io.find("cycle_second_stair_count") != nullptr;
   }
-  io.key("cycle_min_lr", p.cycle_min_lr, {.min = 0, .required = true});
-  io.key("cycle_max_lr", p.cycle_max_lr, {.min = 0, .required = true});
+  io.key("cycle_min_lr", p.cycle_min_lr, {.min = 0, .max = kMaxLr, .required = true, .hint = kLrHint});
+  io.key("cycle_max_lr", p.cycle_max_lr, {.min = 0, .max = kMaxLr, .required = true, .hint = kLrHint});
   io.key("decay_lr_rate", p.decay_lr_rate, {.min = 0});
   io.key("cycle_first_step_size", p.cycle_first_step_size, {.min = 1});
   io.key("cycle_second_step_size", p.cycle_second_step_size, {.min = 1});
@@ -217,7 +237,7 @@ void visit_schedule(Io& io, OneCycle& p, const Config&) {
 
 template <class Io>
 void visit_schedule(Io& io, LRRangeTest& p, const Config&) {
-  io.key("lr_range_test_min_lr", p.lr_range_test_min_lr, {.min = 0});
+  io.key("lr_range_test_min_lr", p.lr_range_test_min_lr, {.min = 0, .max = kMaxLr, .hint = kLrHint});
   io.key("lr_range_test_step_size", p.lr_range_test_step_size, {.min = 1});
   io.key("lr_range_test_step_rate", p.lr_range_test_step_rate, {.min = 0});
   io.key("lr_range_test_staircase", p.lr_range_test_staircase);
@@ -311,7 +331,11 @@ void visit_model(Io& io, Ours& o) {
       }
     }
   }
-  io.key("n_layer", o.model.n_layer, {.min = 1, .required = explicit_shape});
+  // DeepNet trained 1000-layer transformers; every layer is a dozen parameter records in host
+  // memory outside the ledger, so a runaway depth is refused here rather than by the allocator.
+  io.key("n_layer", o.model.n_layer,
+         {.min = 1, .max = 100000, .required = explicit_shape,
+          .hint = "far deeper than any transformer trained (DeepNet: 1000 layers)"});
   io.key("n_embd", o.model.n_embd, {.min = 1, .required = explicit_shape});
   io.key("n_head", o.model.n_head, {.min = 1, .required = explicit_shape});
   io.key("vocab_size", o.model.vocab_size, {.min = 1, .required = explicit_shape});
@@ -329,6 +353,7 @@ void visit(Io& io, Ours& o) {
   io.choice("device", o.device, kDevices);
   io.bytes("device_memory_limit", o.device_memory_limit);
   io.bytes("host_memory_limit", o.host_memory_limit);
+  io.choice("weight_decay_applies_to", o.weight_decay_all, kDecaySets);
   io.key("steps", o.steps, {.min = 1, .flag = &io.env().steps_flag, .flag_name = "--steps"});
   io.key("speculative_host_step", o.speculative_host_step);
   io.key("watchdog_timeout", o.watchdog_timeout,
@@ -342,7 +367,10 @@ void visit(Io& io, Ours& o) {
 BatchKey read_batch_key(Reader& io, std::string_view name) {
   const std::size_t errors = io.session().error_count();
   long long v = 0;
-  io.key(name, v, {.min = 1, .auto_value = 0LL});
+  io.key(name, v,
+         {.min = 1, .max = static_cast<double>(kMaxBatch), .auto_value = 0LL,
+          .hint = "zero-train counts samples and micro-batches in 32-bit integers (no real job "
+                  "comes near: the largest use a few thousand sequences per step)"});
   BatchKey k;
   k.value = v;
   if (io.session().error_count() != errors) k.state = BatchKey::State::invalid;
@@ -422,68 +450,29 @@ void check(Session& s, const Config& c) {
                             "loss scaling)");
   if (s.env.warmup_steps_flag && !c.scheduler.enabled())
     s.warn("", "--warmup-steps has no effect: the config has no scheduler");
+  if (s.error_count() == 0) check_sizes(c, s.diagnostics);  // on final, valid numbers only
 }
 
-// Parses the text; every duplicate key is an error (DeepSpeed rejects them too; a JSON parser
-// would silently keep the last). On a syntax error: nullopt and one error naming line:column.
-std::optional<Json> parse_json(std::string_view text, Session& s) {
-  struct Frame {
-    std::vector<std::string> seen;  // keys of this object so far
-    std::string current;            // the key whose value is being parsed
-    bool array = false;
-  };
-  std::vector<Frame> stack;
-  const auto on_event = [&](int, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start: stack.push_back({{}, {}, false}); break;
-      case Json::parse_event_t::array_start: stack.push_back({{}, {}, true}); break;
-      case Json::parse_event_t::object_end:
-      case Json::parse_event_t::array_end:
-        if (!stack.empty()) stack.pop_back();
-        break;
-      case Json::parse_event_t::key: {
-        if (stack.empty()) break;
-        Frame& top = stack.back();
-        top.current = parsed.get<std::string>();
-        if (std::find(top.seen.begin(), top.seen.end(), top.current) == top.seen.end()) {
-          top.seen.push_back(top.current);
-          break;
-        }
-        std::string path;
-        for (const Frame& f : stack) {
-          if (!path.empty() && !f.array) path += ".";
-          path += f.array ? std::string("[]") : f.current;
-        }
-        s.error(path, "duplicate key: it appears twice in the same object (DeepSpeed rejects "
-                      "this too); keep one");
+// The command line's replacements (Environment::overrides), written into the parsed file.
+// A replacement whose parent is not an object is skipped: reading the file reports the parent.
+void apply_overrides(Session& s, Json& root) {
+  for (const Environment::Override& o : s.env.overrides) {
+    Json value;
+    if (!parse_json(o.json, s, value, o.path, o.origin)) continue;
+    Json* at = &root;  // an object (parse_config checked the root)
+    std::string_view rest = o.path;
+    for (;;) {
+      const std::size_t dot = rest.find('.');
+      Json& child = (*at)[std::string(rest.substr(0, dot))];  // one linear lookup per level
+      if (dot == std::string_view::npos) {
+        child = std::move(value);
         break;
       }
-      case Json::parse_event_t::value: break;
+      if (child.is_null()) child = Json::object();  // absent or null: read as {} anyway
+      if (!child.is_object()) break;
+      at = &child;
+      rest.remove_prefix(dot + 1);
     }
-    return true;
-  };
-  try {
-    return Json::parse(text.begin(), text.end(), on_event, /*allow_exceptions=*/true,
-                       /*ignore_comments=*/false);
-  } catch (const Json::parse_error& e) {
-    // e.byte counts the characters read, the offending one included.
-    const std::size_t at = std::min<std::size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
-    std::size_t line = 1, line_start = 0;
-    for (std::size_t i = 0; i < at; ++i)
-      if (text[i] == '\n') ++line, line_start = i + 1;
-    const std::size_t column = at - line_start + 1;
-    std::string what = e.what();
-    // nlohmann: "[json.exception.parse_error.101] parse error at line 3, column 5: <what>".
-    if (const auto colon = what.find(": ", what.find("parse error")); colon != std::string::npos)
-      what = what.substr(colon + 2);
-    const bool blank = text.find_first_not_of(" \t\r\n") == std::string_view::npos;
-    s.error("", "invalid JSON at line " + std::to_string(line) + ", column " +
-                    std::to_string(column) + ": " + what + ". " +
-                    (blank ? "The file is empty; a config is a JSON object, at least {}"
-                           : "JSON allows no comments and no trailing comma after the last item "
-                             "of an object or list; check there and at the end of the line "
-                             "before"));
-    return std::nullopt;
   }
 }
 
@@ -500,14 +489,15 @@ LoadResult parse_config(std::string_view json_text, std::string_view source_name
                           ": expected >= 1");
     return result;
   }
-  const std::optional<detail::Json> json = detail::parse_json(json_text, session);
-  if (!json) return result;
-  if (!json->is_object()) {
+  detail::Json json;
+  if (!detail::parse_json(json_text, session, json)) return result;
+  if (!json.is_object()) {
     session.error("", "expected a JSON object ({...}) at the top level, got " +
-                          detail::describe(*json));
+                          detail::describe(json));
     return result;
   }
-  detail::Reader top(session, *json, "", true, detail::Reader::Unknown::warn,
+  detail::apply_overrides(session, json);
+  detail::Reader top(session, json, "", true, detail::Reader::Unknown::warn,
                      detail::kIgnoredFeatures);
   detail::visit(top, result.config);
   top.finish();

@@ -26,7 +26,8 @@
 //                         when nothing else decides them
 //   optimizer.params      lr (or --lr), betas, eps, weight_decay: the defaults below
 //   scheduler.params      warmup_min_lr 0, warmup_max_lr = optimizer lr, warmup_num_steps =
-//                         flag or 0, total_num_steps = the job's steps (zero_train.steps)
+//                         flag or 0 (Hugging Face's default; the schedules count 0 and 1 as 2,
+//                         as DeepSpeed does), total_num_steps = the job's steps (zero_train.steps)
 //   gradient_clipping     1.0
 //   fp16/bf16.enabled     bf16 when Environment::bf16_supported, else fp32; an explicit value
 //                         in the other block wins (fp16 true keeps fp16, bf16 false keeps fp32)
@@ -40,7 +41,13 @@
 // "train_batch_size" that prints all four numbers.
 //
 // Command-line flags (Environment::*_flag) fill keys that are absent or "auto"; a flag that
-// disagrees with an explicit value in the file is an error naming both.
+// disagrees with an explicit value in the file is an error naming both. Environment::overrides
+// replace parts of the file outright (zero-train's --model, --seed, --device).
+//
+// Numbers that would overflow later are errors now (runtime/config/limits.hpp, docs/config.md):
+// batch keys and their product at most 2^31 - 1, learning rates in [0, 1], numbers beyond a
+// double (1e999), model and activation sizes within 2^53 elements. Reading is linear in the
+// text's size: unknown and duplicate keys are listed up to 20 per object, then counted.
 //
 // Our own section. DeepSpeed ignores unknown top-level keys, so a DeepSpeed config runs here
 // unchanged and a config with this section still runs under DeepSpeed:
@@ -53,6 +60,7 @@
 //                                       // 0 = the rank's memory budget (offload/memory_budget.hpp)
 //     "steps": 100,                     // optimizer steps to run
 //     "max_consecutive_skipped_steps": 20, // stop after this many non-finite steps in a row
+//     "weight_decay_applies_to": "matrices",  // or "all": see Ours::weight_decay_all
 //     "model": {"preset": "tiny"}       // a preset (models/gpt_shape.hpp), optionally with
 //                                       // n_layer/n_embd/n_head/vocab_size/seq_len overriding
 //                                       // it; without "preset" all five are required
@@ -88,6 +96,16 @@ struct Diagnostic {
 struct Environment {
   int world_size = 1;                                    // data-parallel world size (MPI)
   bool bf16_supported = true;                            // decides fp16/bf16 "auto"
+  // Parts of the file the command line replaces before anything is read (zero-train's --model,
+  // --seed, --device), so that everything derived from them ("auto" bucket sizes from n_embd)
+  // agrees. Applied in order; a path whose parent is not an object in the file is left alone
+  // (the reader reports the parent).
+  struct Override {
+    std::string path;    // JSON path of the key replaced ("zero_train.model"); parents created
+    std::string json;    // its new value, as JSON text
+    std::string origin;  // the flag, for messages ("--model my_model.json")
+  };
+  std::vector<Override> overrides;
   std::optional<long long> micro_batch_flag;             // train_micro_batch_size_per_gpu
   std::optional<long long> grad_accum_flag;              // gradient_accumulation_steps
   std::optional<long long> steps_flag;                   // zero_train.steps
@@ -306,6 +324,11 @@ struct Ours {
   std::optional<DeviceKind> device;   // nullopt = "auto": cuda when a GPU is present, else cpu
   long long device_memory_limit = 0;  // bytes the run may use on the device; 0 = its capacity
   long long host_memory_limit = 0;    // bytes the run may use on the host; 0 = the rank's budget
+  // Which parameters optimizer.params.weight_decay applies to: false = "matrices", those the
+  // model declares (ParamSpec::weight_decay: weight matrices and embeddings, not biases or
+  // LayerNorm gains; as Hugging Face's Trainer and Megatron do); true = "all", as DeepSpeed does
+  // with a plain "optimizer" block (one parameter group). Key "weight_decay_applies_to".
+  bool weight_decay_all = false;
   long long steps = 100;              // optimizer steps to run (also "auto" total_num_steps)
   bool speculative_host_step = true;  // offload: host AdamW during backward (EngineOptions)
   double watchdog_timeout = 20;       // s of a rank's silence before the job ends; 0 = off

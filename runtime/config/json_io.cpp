@@ -185,9 +185,11 @@ void Reader::bytes(std::string_view name, long long& member) {
 void Reader::finish() {
   std::vector<std::string_view> candidates(known_.begin(), known_.end());
   if (unknown_ == Unknown::warn) candidates.insert(candidates.end(), ignored_.begin(), ignored_.end());
+  std::size_t unknown = 0;
   for (auto it = object_.begin(); it != object_.end(); ++it) {
     const std::string& k = it.key();
     if (std::find(known_.begin(), known_.end(), k) != known_.end()) continue;
+    if (++unknown > kMaxUnknownListed) continue;  // counted below
     const std::string_view near = nearest(k, candidates);
     if (unknown_ == Unknown::error) {
       error(k, "unknown key; did you mean '" + std::string(near) + "'?");
@@ -198,6 +200,13 @@ void Reader::finish() {
     } else {
       warn(k, "unknown key, ignored (DeepSpeed ignores it too)");
     }
+  }
+  if (unknown > kMaxUnknownListed) {
+    const std::string more = std::to_string(unknown - kMaxUnknownListed) + " more unknown keys in " +
+                             (path_.empty() ? std::string("the top-level object") : "'" + path_ + "'") +
+                             " (not listed)";
+    if (unknown_ == Unknown::error) session_.error(path_, more + "; remove them");
+    else session_.warn(path_, more + ", ignored");
   }
 }
 
@@ -216,8 +225,10 @@ void Reader::no_auto(const std::string& at, const std::string& expected) {
                      "expected " + expected);
 }
 
-void Reader::wrong(const std::string& at, const Json& v, const std::string& expected) {
-  session_.error(at, "expected " + expected + ", got " + describe(v));
+void Reader::wrong(const std::string& at, const Json& v, const std::string& expected,
+                   std::string_view hint) {
+  session_.error(at, "expected " + expected + ", got " + describe(v) +
+                         (hint.empty() ? "" : "; " + std::string(hint)));
 }
 
 void Reader::not_implemented(const std::string& at, const std::string& value,

@@ -79,6 +79,7 @@ struct Opts {
   std::vector<AliasOf> aliases{};          // other names of the key
   bool required = false;                   // absent is an error
   bool not_implemented = false;            // warn when set to something other than the default
+  std::string_view hint{};                 // why the upper bound (told when a value is above it)
 
   Range range() const { return {min, max, min_open, max_open}; }
 };
@@ -97,6 +98,17 @@ struct ChoiceOpts {
   bool required = false;          // absent is an error
   std::string_view hint{};        // appended to the "expected one of" message
 };
+
+// ---- parsing (json_parse.cpp) --------------------------------------------------------------------
+
+// Parses `text` into `out` in time linear in its length. Duplicate keys are errors (DeepSpeed
+// rejects them; a JSON parser would keep the last), listed up to a bound, then counted. Returns
+// false, with one error naming line and column, on a syntax error, a number too large for a
+// double (1e999) or nesting too deep for a config. Errors are reported at `base_path` and
+// below (the JSON path `text` stands for: "" for the file) and start with "<origin>: " when
+// origin is not empty (a command-line flag's value).
+bool parse_json(std::string_view text, Session& s, Json& out, std::string base_path = "",
+                std::string_view origin = "");
 
 // ---- value conversion and messages (json_io.cpp) ------------------------------------------------
 
@@ -136,6 +148,14 @@ inline bool within(const std::array<double, 2>& a, const Range& r) {
 template <class T>
 bool within(const std::optional<T>& v, const Range& r) {
   return !v || within(*v, r);
+}
+
+// Whether a number is beyond the upper bound (where Opts::hint explains the bound).
+template <class T>
+bool above_max(const T& v, const Range& r) {
+  if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>)
+    return r.max && (r.max_open ? !(static_cast<double>(v) < *r.max) : static_cast<double>(v) > *r.max);
+  else return false;
 }
 
 std::string range_text(const Range& r, bool integer);  // " >= 1", " in 0..3", " in [0, 1)"
@@ -198,8 +218,10 @@ class Reader {
   template <class B, class F>
   void block(std::string_view name, B& member, F&& visit);
 
-  // Reports the keys no call above asked for. Call once, after the visit.
+  // Reports the keys no call above asked for: the first kMaxUnknownListed one by one, the rest
+  // counted in one more diagnostic (linear in the object's size). Call once, after the visit.
   void finish();
+  static constexpr std::size_t kMaxUnknownListed = 20;
 
   // For code that needs more than the calls above.
   const Json* find(std::string_view name) const;  // the raw value, or null
@@ -217,7 +239,8 @@ class Reader {
   void alias_conflict(std::string_view alias, const Json& alias_value, std::string_view name,
                       const Json& value);
   void no_auto(const std::string& at, const std::string& expected);
-  void wrong(const std::string& at, const Json& v, const std::string& expected);
+  void wrong(const std::string& at, const Json& v, const std::string& expected,
+             std::string_view hint = {});
   void not_implemented(const std::string& at, const std::string& value, const std::string& def);
   void flag_conflict(const std::string& at, const Json& v, std::string_view flag_name,
                      const std::string& flag_value);
@@ -267,8 +290,10 @@ void Reader::key(std::string_view name, T& member, const Opts<std::type_identity
   } else {
     source = Source::value;
     T x{};
-    if (!convert(*v, x) || !within(x, range)) {
+    if (!convert(*v, x)) {
       wrong(at, *v, expected_text<T>(range));
+    } else if (!within(x, range)) {
+      wrong(at, *v, expected_text<T>(range), above_max(x, range) ? opts.hint : std::string_view());
     } else {
       member = std::move(x);
       if (flag && !(**opts.flag == member)) flag_conflict(at, *v, opts.flag_name, value_text(**opts.flag));

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "runtime/config/config.hpp"
@@ -38,20 +39,46 @@ int edit_distance(std::string_view a, std::string_view b) {
   return prev[m];
 }
 
+namespace {
+
+// The '_'-separated words of `key`, lower-cased and sorted, joined by '_' again:
+// "comm_overlap" and "overlap_comm" both give "comm_overlap".
+std::string sorted_words(std::string_view key) {
+  std::vector<std::string> words(1);
+  for (char c : key) {
+    if (c == '_') words.emplace_back();
+    else words.back() += lower(c);
+  }
+  std::sort(words.begin(), words.end());
+  std::string out;
+  for (const std::string& w : words) out += (out.empty() ? "" : "_") + w;
+  return out;
+}
+
+}  // namespace
+
+int key_distance(std::string_view a, std::string_view b) {
+  const int plain = edit_distance(a, b);
+  if (plain <= 1) return plain;
+  // Words in another order count as one edit, plus the typos inside the words. (When neither
+  // name needed reordering, this is 1 + plain: the plain distance wins.)
+  return std::min(plain, 1 + edit_distance(sorted_words(a), sorted_words(b)));
+}
+
 std::string_view nearest(std::string_view key, std::span<const std::string_view> candidates) {
   std::string_view best;
   int best_d = std::numeric_limits<int>::max();
   for (std::string_view c : candidates) {
-    const int d = edit_distance(key, c);
+    const int d = key_distance(key, c);
     if (d < best_d) best_d = d, best = c;
   }
   return best;
 }
 
 bool is_close(std::string_view key, std::string_view candidate) {
-  // A third of the longer name: "gradient_cliping" (1 of 17) and "trian_batch_size" (1 swap)
-  // are typos; "foo" vs "fp16" (3 of 4) is not.
-  const int d = edit_distance(key, candidate);
+  // A third of the longer name: "gradient_cliping" (1 of 17), "trian_batch_size" (1 swap) and
+  // "batch_size_train" (words swapped) are typos; "foo" vs "fp16" (3 of 4) is not.
+  const int d = key_distance(key, candidate);
   const auto longer = static_cast<int>(std::max(key.size(), candidate.size()));
   return d > 0 ? d * 3 <= longer : true;
 }

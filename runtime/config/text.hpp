@@ -1,4 +1,4 @@
-// Small text helpers of the config reader (private to runtime/config): the edit distance behind
+// Small text helpers of the config reader (private to runtime/config): the distances behind
 // "did you mean", and number formatting for messages. No JSON here.
 #pragma once
 
@@ -12,7 +12,12 @@ namespace zero::config::detail {
 // adjacent characters), ASCII case-insensitive.
 int edit_distance(std::string_view a, std::string_view b);
 
-// The candidate nearest to `key` by edit_distance; ties go to the earlier candidate. Empty when
+// How far a typed key is from a valid one: edit_distance, except that words (separated by '_')
+// written in another order count as one edit plus the typos inside them, so "comm_overlap" is
+// 1 from "overlap_comm" (DeepSpeedExamples' 10B config has that typo).
+int key_distance(std::string_view a, std::string_view b);
+
+// The candidate nearest to `key` by key_distance; ties go to the earlier candidate. Empty when
 // there are no candidates.
 std::string_view nearest(std::string_view key, std::span<const std::string_view> candidates);
 

@@ -87,7 +87,8 @@ void pin_memory_alias(Reader& io, Zero& z) {
 }
 
 // The offload combinations DeepSpeed allows: optimizer offload with stages 1-3, parameter
-// offload with stage 3, nvme with stage 3 only; nvme needs a path.
+// offload with stage 3, nvme with stage 3 only; nvme needs a path. One more rule is ours:
+// parameter offload needs optimizer offload.
 void check_offload(Reader& io, const Zero& z, const std::string& optimizer_origin,
                    const std::string& param_origin) {
   const std::string stage = "zero_optimization.stage is " + std::to_string(z.stage);
@@ -120,6 +121,13 @@ void check_offload(Reader& io, const Zero& z, const std::string& optimizer_origi
   check("offload_optimizer", z.offload_optimizer.device, z.offload_optimizer.nvme_path,
         optimizer_origin, false);
   check("offload_param", z.offload_param.device, z.offload_param.nvme_path, param_origin, true);
+  // DeepSpeed allows parameter offload alone (the optimizer then runs on the GPU); zero-train's
+  // host optimizer is what writes the offloaded shards, so it needs optimizer offload too.
+  if (z.stage == 3 && z.offload_param.enabled() && !z.offload_optimizer.enabled())
+    io.session().error(param_origin.empty() ? io.path_of("offload_param") + ".device" : param_origin,
+                       "parameter offload without optimizer offload is not supported by "
+                       "zero-train (its host optimizer writes the offloaded parameter shards); "
+                       "add \"offload_optimizer\": {\"device\": \"cpu\"} or remove offload_param");
 }
 
 template <class Io>

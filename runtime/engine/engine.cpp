@@ -559,26 +559,40 @@ void Engine::State::init_state() {
   }
 }
 
+void check_engine_options(const EngineOptions& o) {
+  ZERO_REQUIRE(o.stage >= 0 && o.stage <= 3,
+               "engine: zero_optimization.stage must be 0, 1, 2 or 3, got " + std::to_string(o.stage));
+  ZERO_REQUIRE(o.gradient_accumulation_steps >= 1,
+               "engine: gradient_accumulation_steps must be >= 1, got " +
+                   std::to_string(o.gradient_accumulation_steps));
+  ZERO_REQUIRE(o.reduce_bucket_size >= 1,
+               "engine: zero_optimization.reduce_bucket_size must be >= 1 element, got " +
+                   std::to_string(o.reduce_bucket_size));
+  ZERO_REQUIRE(o.prefetch_bucket_size >= 0 && o.max_live_parameters >= 0 &&
+                   o.param_persistence_threshold >= 0,
+               "engine: zero_optimization.stage3_prefetch_bucket_size, stage3_max_live_parameters "
+               "and stage3_param_persistence_threshold must be >= 0");
+  ZERO_REQUIRE(to_dtype(o.param_type).has_value(),
+               "engine: parameters must be fp32, bf16 or fp16, got " +
+                   std::string(to_string(o.param_type)));
+  ZERO_REQUIRE(!o.offload_optimizer || o.stage >= 1,
+               "engine: zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3 (stage 0 "
+               "keeps the whole optimizer state on every rank): set zero_optimization.stage");
+  ZERO_REQUIRE(!o.offload_param || o.stage == 3,
+               "engine: zero_optimization.offload_param needs ZeRO stage 3 (only stage 3 "
+               "partitions the parameters): set zero_optimization.stage to 3");
+  ZERO_REQUIRE(!o.offload_param || o.offload_optimizer,
+               "engine: zero_optimization.offload_param needs offload_optimizer too (the host "
+               "optimizer writes the offloaded parameter shards): add offload_optimizer "
+               "{\"device\": \"cpu\"}");
+}
+
 Engine::Engine(Model& model, Device& device, Stream& compute, coll::Communicator& comm,
                EngineOptions options)
     : s_(std::make_unique<State>(model, device, compute, comm, std::move(options))) {
   State& s = *s_;
-  ZERO_REQUIRE(s.o.stage >= 0 && s.o.stage <= 3,
-               "engine: zero_optimization.stage must be 0, 1, 2 or 3, got " + std::to_string(s.o.stage));
-  ZERO_REQUIRE(s.o.gradient_accumulation_steps >= 1,
-               "engine: gradient_accumulation_steps must be >= 1, got " +
-                   std::to_string(s.o.gradient_accumulation_steps));
-  ZERO_REQUIRE(s.o.reduce_bucket_size >= 1,
-               "engine: zero_optimization.reduce_bucket_size must be >= 1 element, got " +
-                   std::to_string(s.o.reduce_bucket_size));
-  ZERO_REQUIRE(s.o.prefetch_bucket_size >= 0 && s.o.max_live_parameters >= 0 &&
-                   s.o.param_persistence_threshold >= 0,
-               "engine: zero_optimization.stage3_prefetch_bucket_size, stage3_max_live_parameters "
-               "and stage3_param_persistence_threshold must be >= 0");
-  const std::optional<DType> dt = to_dtype(s.o.param_type);
-  ZERO_REQUIRE(dt.has_value(), "engine: parameters must be fp32, bf16 or fp16, got " +
-                                   std::string(to_string(s.o.param_type)));
-  s.dtype = *dt;
+  check_engine_options(s.o);
+  s.dtype = *to_dtype(s.o.param_type);
   ZERO_REQUIRE(comm.kind() == device.kind(),
                "engine on " + device.name() + ": the communicator is for " +
                    std::string(to_string(comm.kind())) + " buffers; the engine's collectives run "
@@ -594,16 +608,6 @@ Engine::Engine(Model& model, Device& device, Stream& compute, coll::Communicator
                  "engine: parameter " + p.name + " is " + std::string(to_string(p.type)) +
                      " but the engine trains " + std::string(to_string(s.o.param_type)) +
                      " parameters: build the model with that parameter type");
-  ZERO_REQUIRE(!s.o.offload_optimizer || s.o.stage >= 1,
-               "engine: zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3 (stage 0 "
-               "keeps the whole optimizer state on every rank): set zero_optimization.stage");
-  ZERO_REQUIRE(!s.o.offload_param || s.o.stage == 3,
-               "engine: zero_optimization.offload_param needs ZeRO stage 3 (only stage 3 "
-               "partitions the parameters): set zero_optimization.stage to 3");
-  ZERO_REQUIRE(!s.o.offload_param || s.o.offload_optimizer,
-               "engine: zero_optimization.offload_param needs offload_optimizer too (the host "
-               "optimizer writes the offloaded parameter shards): add offload_optimizer "
-               "{\"device\": \"cpu\"}");
   s.off = s.o.offload_optimizer;
   s.off_param = s.o.offload_param;
   s.spec = s.off && s.o.speculative_host_step;
@@ -899,7 +903,8 @@ void Engine::State::adam_group(int g, const optim::AdamStep& as, const optim::Ad
   float* const m_out = state(g, 1, ahead);
   float* const v_out = state(g, 2, ahead);
   for (const Partition::Piece& pc : owned_pieces(g)) {
-    hp.weight_decay = model.params[static_cast<size_t>(pc.param)].weight_decay ? base.weight_decay : 0.0f;
+    const bool decays = o.weight_decay_all || model.params[static_cast<size_t>(pc.param)].weight_decay;
+    hp.weight_decay = decays ? base.weight_decay : 0.0f;
     const int64_t off_e = owned_off[gi] + pc.shard_offset;
     const size_t k = static_cast<size_t>(pc.shard_offset);
     unsigned char* working;

@@ -74,7 +74,10 @@ struct EngineOptions {
   int stage = 0;                                // ZeRO stage 0..3
   int gradient_accumulation_steps = 1;
   ScalarType param_type = ScalarType::f32;      // working parameters and gradients: fp32/bf16/fp16
-  optim::AdamParams adam;                       // weight_decay applies to ParamSpec::weight_decay
+  optim::AdamParams adam;                       // weight_decay: see weight_decay_all
+  // false: adam.weight_decay applies to the parameters the model declares (ParamSpec::
+  // weight_decay); true: to every parameter (DeepSpeed's single parameter group).
+  bool weight_decay_all = false;
   float gradient_clipping = 0.0f;               // max global norm; 0 = off
   std::optional<optim::LossScalerOptions> loss_scaler;  // fp16: dynamic or static scaling
   // The learning rate of the t-th applied optimizer step (t = 1, 2, ...; a skipped fp16
@@ -113,6 +116,11 @@ struct EngineOptions {
   // (zero_train.speculative_host_step; docs/offload.md.)
   bool speculative_host_step = true;
 };
+
+// The checks Engine's constructor makes on its options alone (stage, accumulation, bucket sizes,
+// parameter type, the offload combinations), for callers that want them before they open a
+// device (zero-train --validate). Throws zero::Error naming the ds_config.json key.
+void check_engine_options(const EngineOptions& o);
 
 struct StepStats {
   int64_t step = 0;         // optimizer steps taken (skipped ones included)

@@ -57,6 +57,10 @@ EngineOptions engine_options(const config::Config& c) {
                    (!o.offload_param || c.zero.offload_param.pin_memory);
   o.pin = pin ? offload::PinPolicy::preferred : offload::PinPolicy::off;
   o.speculative_host_step = c.ours.speculative_host_step;
+  o.weight_decay_all = c.ours.weight_decay_all;
+  // What the Engine's constructor would refuse, refused now: zero-train --validate calls this
+  // function too, so a config it accepts does not fail at start.
+  check_engine_options(o);
   return o;
 }
 

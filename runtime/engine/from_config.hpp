@@ -22,6 +22,7 @@
 //   zero_optimization.offload_optimizer.device      offload_optimizer (cpu; nvme runs as cpu)
 //   zero_optimization.offload_param.device          offload_param
 //   offload_*.pin_memory                            pin: preferred (true) or off (false)
+//   zero_train.weight_decay_applies_to              weight_decay_all ("all"; "matrices": false)
 //
 // Keys the engine reads no field for, and why (docs/engine.md): allgather_bucket_size (the
 // step-end all-gather is in place, one per group: it needs no bucket buffer), contiguous_gradients
@@ -34,7 +35,11 @@
 
 namespace zero {
 
-// Throws zero::Error when the scheduler's parameters make no sense (optim::make_lr_schedule).
+// Builds the LR schedule and runs check_engine_options on the result, so that everything the
+// Engine's constructor checks about its options alone is checked here, before any device is
+// opened (zero-train's --validate and start-up both call this). Throws zero::Error naming the
+// ds_config.json key when the scheduler's parameters make no sense (optim::make_lr_schedule) or
+// the options are refused.
 EngineOptions engine_options(const config::Config& c);
 
 }  // namespace zero

@@ -8,6 +8,7 @@
 using namespace zero::config;
 using namespace zero::config::test;
 using Catch::Matchers::ContainsSubstring;
+using Catch::Matchers::StartsWith;
 
 namespace {
 
@@ -155,7 +156,7 @@ TEST_CASE("command-line flags fill absent or auto batch keys and must agree with
   Environment bad;
   bad.micro_batch_flag = 0;
   const LoadResult z = parse(R"({"train_batch_size": 8})", bad);
-  CHECK(message_at(z, "") == "--micro-batch 0: expected an integer >= 1");
+  CHECK(message_at(z, "") == "--micro-batch 0: expected an integer in 1..2147483647");
 }
 
 TEST_CASE("batch values must be positive integers; a bad one is reported once", "[batch]") {
@@ -165,23 +166,52 @@ TEST_CASE("batch values must be positive integers; a bad one is reported once", 
     CHECK(count(r, Severity::error) == 1);
     CHECK(message_at(r, path) == msg);
   };
-  one_error(R"("train_batch_size": 0)", "train_batch_size", "expected an integer >= 1, got 0");
+  one_error(R"("train_batch_size": 0)", "train_batch_size", "expected an integer in 1..2147483647, got 0");
   one_error(R"("train_micro_batch_size_per_gpu": -2)", "train_micro_batch_size_per_gpu",
-            "expected an integer >= 1, got -2");
+            "expected an integer in 1..2147483647, got -2");
   one_error(R"("train_micro_batch_size_per_gpu": 2.5)", "train_micro_batch_size_per_gpu",
-            "expected an integer >= 1, got 2.5");
+            "expected an integer in 1..2147483647, got 2.5");
   one_error(R"("train_batch_size": "8")", "train_batch_size",
-            "expected an integer >= 1, got \"8\" (a string)");
+            "expected an integer in 1..2147483647, got \"8\" (a string)");
   one_error(R"("train_batch_size": 8, "gradient_accumulation_steps": true)",
-            "gradient_accumulation_steps", "expected an integer >= 1, got true (a boolean)");
+            "gradient_accumulation_steps", "expected an integer in 1..2147483647, got true (a boolean)");
   // An integral float is an integer.
   expect_batch(R"("train_batch_size": 8.0, "train_micro_batch_size_per_gpu": 2e0)", 1, 8, 2, 4);
 }
 
-TEST_CASE("batch products that overflow are refused", "[batch]") {
-  CHECK(batch_error(R"("train_micro_batch_size_per_gpu": 4e18, "gradient_accumulation_steps": 4)",
+TEST_CASE("batch values and products beyond 32 bits are refused", "[batch][limits]") {
+  // Each key alone: at most 2^31 - 1 (the engine counts accumulation steps and micro-batch rows
+  // in 32-bit integers); the message says why.
+  const auto key_error = [](std::string_view body, std::string_view path, std::string_view got) {
+    const LoadResult r = parse("{" + std::string(body) + "}");
+    INFO(all(r));
+    CHECK(count(r, Severity::error) == 1);
+    CHECK_THAT(message_at(r, path),
+               StartsWith("expected an integer in 1..2147483647, got " + std::string(got) + "; ") &&
+                   ContainsSubstring("32-bit"));
+  };
+  key_error(R"("train_batch_size": 2147483648)", "train_batch_size", "2147483648");
+  key_error(R"("train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4294967296)",
+            "gradient_accumulation_steps", "4294967296");
+  key_error(R"("train_micro_batch_size_per_gpu": 4e18)", "train_micro_batch_size_per_gpu", "4e+18");
+  // Past 64 bits JSON gives a float, which is no integer here: the plain type message.
+  CHECK(message_at(parse(R"({"train_micro_batch_size_per_gpu": 18446744073709551616})"),
+                   "train_micro_batch_size_per_gpu") ==
+        "expected an integer in 1..2147483647, got 1.8446744073709552e+19");
+  // The largest value itself is fine.
+  expect_batch(R"("train_batch_size": 2147483647)", 1, 2147483647, 2147483647, 1);
+  // Each in range, the product not: one error printing the four numbers.
+  CHECK(batch_error(R"("train_micro_batch_size_per_gpu": 65536, "gradient_accumulation_steps": 65536)",
                     1) ==
-        "the batch keys multiply to more than a 64-bit integer holds; use smaller values");
+        "train_micro_batch_size_per_gpu 65536 x gradient_accumulation_steps 65536 x data-parallel "
+        "world size 1 = 4294967296 samples per step, more than zero-train counts (2147483647); use "
+        "a smaller micro-batch or accumulation");
+  CHECK_THAT(batch_error(R"("train_micro_batch_size_per_gpu": 1073741824)", 4),
+             ContainsSubstring("x data-parallel world size 4 = 4294967296 samples per step"));
+  Environment flags;
+  flags.grad_accum_flag = 4294967296LL;
+  CHECK(message_at(parse(R"({"train_batch_size": 8})", flags), "") ==
+        "--grad-accum 4294967296: expected an integer in 1..2147483647");
 }
 
 TEST_CASE("the batch file of the cli tests: valid on 4 ranks, the four numbers on 2",

@@ -246,8 +246,8 @@ TEST_CASE("scheduler types and their DeepSpeed defaults", "[scheduler]") {
     CHECK(q.cycle_first_step_size == 2000);
     CHECK(q.cycle_second_step_size == 7);
     const LoadResult missing = parse_with(R"("scheduler": {"type": "OneCycle"})");
-    CHECK(message_at(missing, "scheduler.params.cycle_min_lr") == "missing: expected a number >= 0");
-    CHECK(message_at(missing, "scheduler.params.cycle_max_lr") == "missing: expected a number >= 0");
+    CHECK(message_at(missing, "scheduler.params.cycle_min_lr") == "missing: expected a number in [0, 1]");
+    CHECK(message_at(missing, "scheduler.params.cycle_max_lr") == "missing: expected a number in [0, 1]");
   }
   SECTION("LRRangeTest") {
     const LoadResult r = parse_with(R"("scheduler": {"type": "LRRangeTest", "params": {}})");
@@ -377,6 +377,14 @@ TEST_CASE("zero_train: device, memory limits, steps", "[ours]") {
         "\"1.5GB\" (0 = no limit), got \"24 parsecs\" (a string)");
   CHECK(message_at(parse_with(R"("zero_train": {"device": "gpu0"})"), "zero_train.device") ==
         "expected one of \"auto\", \"cpu\", \"cuda\", got \"gpu0\" (a string)");
+  // Which parameters weight decay applies to: the model's matrices (default) or all.
+  CHECK_FALSE(r.config.ours.weight_decay_all);
+  CHECK(parse_with(R"("zero_train": {"weight_decay_applies_to": "all"})").config.ours.weight_decay_all);
+  CHECK_FALSE(parse_with(R"("zero_train": {"weight_decay_applies_to": "matrices"})")
+                  .config.ours.weight_decay_all);
+  CHECK(message_at(parse_with(R"("zero_train": {"weight_decay_applies_to": "biases"})"),
+                   "zero_train.weight_decay_applies_to") ==
+        "expected one of \"matrices\", \"all\", got \"biases\" (a string)");
 
   Environment env;
   env.steps_flag = 3;

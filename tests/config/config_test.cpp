@@ -112,6 +112,38 @@ TEST_CASE("hf_trainer_auto.json: every \"auto\" resolved", "[files]") {
         Precision::fp32);
 }
 
+// Hugging Face's templates as its DeepSpeed guide prints them (tests/data/configs/hf_zero2_auto.json,
+// hf_zero3_auto.json): what its Trainer fills in by default, we resolve the same way.
+TEST_CASE("hf_zero2_auto.json, hf_zero3_auto.json: Hugging Face's templates resolve", "[files][hf]") {
+  const int w = GENERATE(1, 2);
+  for (const char* name : {"hf_zero2_auto.json", "hf_zero3_auto.json"}) {
+    const LoadResult r = load_config_file(data_file(name), world(w));
+    INFO(name << " on " << w << " ranks\n" << all(r));
+    REQUIRE(r.ok());
+    const Config& c = r.config;
+    CHECK(c.batch.train_micro_batch_size_per_gpu == 1);
+    CHECK(c.batch.gradient_accumulation_steps == 1);
+    CHECK(c.batch.train_batch_size == w);
+    CHECK(c.gradient_clipping == 1.0);
+    CHECK(c.precision() == Precision::bf16);
+    CHECK(c.optimizer.type == OptimizerType::AdamW);
+    CHECK(c.optimizer.params.lr == 1e-3);
+    CHECK(c.optimizer.params.weight_decay == 0.0);
+    const auto& s = std::get<WarmupLR>(c.scheduler.params);
+    CHECK(s.warmup_min_lr == 0.0);
+    CHECK(s.warmup_max_lr == 1e-3);
+    CHECK(s.warmup_num_steps == 0);  // the Trainer's --warmup_steps default; counts as 2
+    CHECK(c.zero.offload_optimizer.device == OffloadDevice::cpu);
+    CHECK_FALSE(c.ours.weight_decay_all);
+  }
+  const Config z3 = load_config_file(data_file("hf_zero3_auto.json"), world(w)).config;
+  CHECK(z3.zero.stage == 3);
+  CHECK(z3.zero.offload_param.device == OffloadDevice::cpu);
+  CHECK(z3.zero.reduce_bucket_size == 128 * 128);  // the tiny preset: n_embd 128
+  CHECK(z3.zero.stage3_prefetch_bucket_size == 14745);  // 0.9 x 128^2, truncated
+  CHECK(z3.zero.stage3_param_persistence_threshold == 1280);
+}
+
 TEST_CASE("legacy_cpu_offload.json: cpu_offload and fp16 loss scaling", "[files]") {
   const LoadResult r = load_config_file(data_file("legacy_cpu_offload.json"), world(2));
   INFO(all(r));
@@ -240,8 +272,9 @@ TEST_CASE("the effective config has every key, under DeepSpeed's names", "[effec
       "queue_depth", "intra_op_parallelism", "single_submit", "overlap_events", "use_gds",
       "activation_checkpointing", "partition_activations", "contiguous_memory_optimization",
       "cpu_checkpointing", "number_checkpoints", "synchronize_checkpoint_boundary", "profile",
-      "zero_train", "device_memory_limit", "host_memory_limit", "steps", "model", "preset",
-      "n_layer", "n_embd", "n_head", "vocab_size", "seq_len"};
+      "zero_train", "device_memory_limit", "host_memory_limit", "steps", "speculative_host_step",
+      "weight_decay_applies_to", "model", "preset", "n_layer", "n_embd", "n_head", "vocab_size",
+      "seq_len"};
   for (const char* k : keys) {
     INFO(k);
     CHECK_THAT(json, ContainsSubstring(std::string("\"") + k + "\": "));
@@ -253,6 +286,7 @@ TEST_CASE("the effective config has every key, under DeepSpeed's names", "[effec
   CHECK_THAT(json, !ContainsSubstring("cpu_offload"));
   CHECK_THAT(json, ContainsSubstring("\"overlap_comm\": false"));
   CHECK_THAT(json, ContainsSubstring("\"preset\": \"tiny\""));
+  CHECK_THAT(json, ContainsSubstring("\"weight_decay_applies_to\": \"matrices\""));
   // No scheduler: no block (DeepSpeed would read a null one as an error).
   CHECK_THAT(effective_config_json(parse_with("").config), !ContainsSubstring("\"scheduler\""));
   // Compact form.
@@ -260,7 +294,8 @@ TEST_CASE("the effective config has every key, under DeepSpeed's names", "[effec
 }
 
 TEST_CASE("the effective config reads back to itself", "[effective]") {
-  const char* name = GENERATE("hf_trainer_auto.json", "legacy_cpu_offload.json",
+  const char* name = GENERATE("hf_trainer_auto.json", "hf_zero2_auto.json", "hf_zero3_auto.json",
+                              "legacy_cpu_offload.json",
                               "legacy_bool_zero.json", "stage3_nvme_aio.json",
                               "stage3_cpu_offload.json", "minimal.json");
   const int w = GENERATE(1, 2);
@@ -285,7 +320,8 @@ TEST_CASE("every scheduler type and the explicit model shape round-trip", "[effe
       R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.1, "cycle_max_lr": 1}})",
       R"("scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_staircase": true}})",
       R"("zero_train": {"model": {"n_layer": 1, "n_embd": 8, "n_head": 2, "vocab_size": 5, "seq_len": 3}})",
-      R"("communication_data_type": "half", "zero_train": {"device": "cuda", "device_memory_limit": "1GiB"})");
+      R"("communication_data_type": "half", "zero_train": {"device": "cuda", "device_memory_limit": "1GiB"})",
+      R"("zero_train": {"weight_decay_applies_to": "all"})");
   const LoadResult first = parse_with(body);
   INFO(body << "\n" << all(first));
   REQUIRE(first.ok());

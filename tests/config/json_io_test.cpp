@@ -59,6 +59,27 @@ TEST_CASE("a typo in every strict block names the full path and the nearest key"
     expect_error(c.body, c.path, std::string("unknown key; did you mean '") + c.nearest + "'?");
 }
 
+TEST_CASE("did-you-mean finds keys with their words swapped", "[strict][swap]") {
+  // The typo in DeepSpeedExamples' 10B config: "comm_overlap" (we used to say 'cpu_offload').
+  expect_error(R"("zero_optimization": {"stage": 3, "comm_overlap": true})",
+               "zero_optimization.comm_overlap", "unknown key; did you mean 'overlap_comm'?");
+  expect_error(R"("zero_optimization": {"stage": 2, "bucket_size_reduce": 5e8})",
+               "zero_optimization.bucket_size_reduce",
+               "unknown key; did you mean 'reduce_bucket_size'?");
+  expect_error(R"("zero_optimization": {"stage": 3, "stage3_persistence_param_threshold": 1e5})",
+               "zero_optimization.stage3_persistence_param_threshold",
+               "unknown key; did you mean 'stage3_param_persistence_threshold'?");
+  expect_error(R"("fp16": {"window_loss_scale": 100})", "fp16.window_loss_scale",
+               "unknown key; did you mean 'loss_scale_window'?");
+  const LoadResult r = parse_with(R"("clipping_gradient": 1.0, "print_steps_per": 5)");
+  INFO(all(r));
+  CHECK(r.ok());
+  CHECK(message_at(r, "clipping_gradient", Severity::warning) ==
+        "unknown key, ignored; did you mean 'gradient_clipping'?");
+  CHECK(message_at(r, "print_steps_per", Severity::warning) ==
+        "unknown key, ignored; did you mean 'steps_per_print'?");
+}
+
 TEST_CASE("the nearest key is always named, even when far", "[strict]") {
   expect_error(R"("bf16": {"completely_unrelated": 1})", "bf16.completely_unrelated",
                "unknown key; did you mean 'enabled'?");
@@ -95,7 +116,7 @@ TEST_CASE("wrong types are errors naming the value and the expected type", "[typ
   expect_error(R"("steps_per_print": null)", "steps_per_print",
                "expected an integer >= 1, got null");
   expect_error(R"("optimizer": {"type": "AdamW", "params": {"lr": "fast"}})",
-               "optimizer.params.lr", "expected a number >= 0, got \"fast\" (a string)");
+               "optimizer.params.lr", "expected a number in [0, 1], got \"fast\" (a string)");
   expect_error(R"("optimizer": {"type": "AdamW", "params": {"betas": [0.9]}})",
                "optimizer.params.betas",
                "expected a list of 2 numbers, each in [0, 1), got [0.9] (a list)");
@@ -131,7 +152,7 @@ TEST_CASE("values out of range are errors naming the range", "[ranges]") {
   };
   const Case cases[] = {
       {R"("optimizer": {"type": "Adam", "params": {"lr": -1}})", "optimizer.params.lr",
-       "expected a number >= 0, got -1"},
+       "expected a number in [0, 1], got -1"},
       {R"("optimizer": {"type": "Adam", "params": {"betas": [0.9, 1.0]}})",
        "optimizer.params.betas", "expected a list of 2 numbers, each in [0, 1), got [0.9,1.0] (a list)"},
       {R"("optimizer": {"type": "Adam", "params": {"eps": 0}})", "optimizer.params.eps",
@@ -192,7 +213,7 @@ TEST_CASE("every error is collected, not only the first", "[collect]") {
   CHECK_THAT(message_at(r, "train_batch_size"), ContainsSubstring("(= 8)"));
   CHECK(message_at(r, "steps_per_print") == "expected an integer >= 1, got 0");
   CHECK_THAT(message_at(r, "optimizer.type"), ContainsSubstring("got \"Lamb\""));
-  CHECK(message_at(r, "optimizer.params.lr") == "expected a number >= 0, got -1");
+  CHECK(message_at(r, "optimizer.params.lr") == "expected a number in [0, 1], got -1");
   CHECK(message_at(r, "fp16.enabled") == "expected true or false, got \"yes\" (a string)");
   CHECK(message_at(r, "fp16.hysteresis") == "expected an integer >= 1, got 0");
   CHECK(message_at(r, "zero_optimization.stage") == "expected an integer in 0..3, got 5");

@@ -33,6 +33,24 @@ TEST_CASE("nearest picks the closest candidate, the first on ties", "[text]") {
   CHECK(nearest("x", std::span<const std::string_view>{}).empty());
 }
 
+TEST_CASE("key_distance counts words in another order as one edit", "[text]") {
+  // DeepSpeedExamples' 10B config has "comm_overlap" for overlap_comm.
+  CHECK(key_distance("comm_overlap", "overlap_comm") == 1);
+  CHECK(key_distance("size_reduce_bucket", "reduce_bucket_size") == 1);
+  CHECK(key_distance("stage3_persistence_param_threshold", "stage3_param_persistence_threshold") ==
+        1);
+  CHECK(key_distance("comm_overlpa", "overlap_comm") == 2);  // the swap, then a typo inside
+  CHECK(key_distance("stgae", "stage") == 1);                // plain typos as before
+  CHECK(key_distance("stage", "stage") == 0);
+  CHECK(key_distance("Overlap_Comm", "comm_overlap") == 1);   // case-insensitive
+  constexpr std::array<std::string_view, 4> zero_keys{"stage", "cpu_offload", "overlap_comm",
+                                                      "reduce_scatter"};
+  CHECK(nearest("comm_overlap", zero_keys) == "overlap_comm");
+  CHECK(nearest("scatter_reduce", zero_keys) == "reduce_scatter");
+  CHECK(is_close("batch_size_train", "train_batch_size"));
+  CHECK(is_close("gradient_steps_accumulation", "gradient_accumulation_steps"));
+}
+
 TEST_CASE("is_close accepts typos, not unrelated words", "[text]") {
   CHECK(is_close("gradient_cliping", "gradient_clipping"));
   CHECK(is_close("trian_batch_size", "train_batch_size"));

@@ -94,8 +94,8 @@ TEST_CASE("cpu_offload is the old offload_optimizer.device \"cpu\"", "[zero][ali
 
 TEST_CASE("cpu_offload_param(s) is the old offload_param.device \"cpu\"", "[zero][aliases]") {
   for (const char* name : {"cpu_offload_param", "cpu_offload_params"}) {
-    const LoadResult r = parse_with(std::string(R"("zero_optimization": {"stage": 3, ")") + name +
-                                    "\": true}");
+    const LoadResult r = parse_with(std::string(R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, ")") +
+                                    name + "\": true}");
     INFO(all(r));
     REQUIRE(r.ok());
     CHECK(r.config.zero.offload_param.device == OffloadDevice::cpu);
@@ -107,6 +107,23 @@ TEST_CASE("cpu_offload_param(s) is the old offload_param.device \"cpu\"", "[zero
                    "zero_optimization.cpu_offload_params") ==
         "false contradicts 'zero_optimization.cpu_offload_param' (\"cpu\"); keep only "
         "'zero_optimization.offload_param.device'");
+}
+
+TEST_CASE("parameter offload needs optimizer offload (the host optimizer writes the shards)",
+          "[zero][offload]") {
+  const char* msg = "parameter offload without optimizer offload is not supported by zero-train "
+                    "(its host optimizer writes the offloaded parameter shards); add "
+                    "\"offload_optimizer\": {\"device\": \"cpu\"} or remove offload_param";
+  const LoadResult r = parse_with(R"("zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}})");
+  INFO(all(r));
+  CHECK(count(r, Severity::error) == 1);
+  CHECK(message_at(r, "zero_optimization.offload_param.device") == msg);
+  // Through the deprecated key, the error names it.
+  CHECK(message_at(parse_with(R"("zero_optimization": {"stage": 3, "cpu_offload_param": true})"),
+                   "zero_optimization.cpu_offload_param") == msg);
+  CHECK(parse_with(R"("zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
+                      "offload_optimizer": {"device": "cpu"}})")
+            .ok());
 }
 
 TEST_CASE("cpu_offload_use_pin_memory sets pin_memory of both offload blocks", "[zero][aliases]") {

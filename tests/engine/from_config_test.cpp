@@ -2,6 +2,7 @@
 // field, DeepSpeed's defaults come through, and the schedule is read at DeepSpeed's iteration.
 #include <catch2/catch_approx.hpp>
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 
 #include "runtime/config/to_optim.hpp"
 #include "runtime/engine/from_config.hpp"
@@ -121,4 +122,41 @@ TEST_CASE("engine options: WarmupLR runs at DeepSpeed's iteration, OneCycle move
   CHECK(c.lr(11) == Catch::Approx(0.01));
   CHECK(c.betas(11).first == Catch::Approx(0.85));
   CHECK(c.betas(2).first > 0.9f);
+}
+
+TEST_CASE("engine options: weight decay applies to the model's matrices, or to all parameters") {
+  CHECK_FALSE(engine_options(parse(R"({"train_batch_size": 1})")).weight_decay_all);
+  CHECK(engine_options(parse(R"({"train_batch_size": 1, "zero_train": {"weight_decay_applies_to": "all"}})"))
+            .weight_decay_all);
+}
+
+// Item 1 of issue 16: Hugging Face's "auto" templates resolve warmup_num_steps to 0, which the
+// schedule used to refuse at start-up (after --validate had passed). DeepSpeed counts 0 as 2.
+TEST_CASE("engine options: Hugging Face's auto templates build their schedules") {
+  for (const char* name : {"hf_zero2_auto.json", "hf_zero3_auto.json", "hf_trainer_auto.json"}) {
+    INFO(name);
+    config::Environment env;
+    const config::LoadResult r =
+        config::load_config_file(std::string(ZERO_TEST_DATA_DIR) + "/configs/" + name, env);
+    REQUIRE(r.ok());
+    const EngineOptions o = engine_options(r.config);
+    // log warmup over max(2, 0) = 2 iterations from warmup_min_lr 0 to the optimizer's lr 1e-3.
+    // Applied step t runs at DeepSpeed's iteration t - 2: step 1 at the constructor's lr
+    // (warmup_min_lr), step 2 at ln(1)/ln(2) = 0, step 3 at ln(2)/ln(2) = 1.
+    CHECK(o.lr(1) == 0.0f);
+    CHECK(o.lr(2) == 0.0f);
+    CHECK(o.lr(3) == 1e-3f);
+  }
+}
+
+TEST_CASE("engine options: what the Engine would refuse is refused here, naming the key") {
+  EngineOptions o;
+  o.stage = 3;
+  o.offload_param = true;
+  CHECK_THROWS_WITH(check_engine_options(o),
+                    Catch::Matchers::ContainsSubstring("zero_optimization.offload_param needs offload_optimizer"));
+  o.offload_optimizer = true;
+  CHECK_NOTHROW(check_engine_options(o));
+  o.gradient_accumulation_steps = 0;
+  CHECK_THROWS_WITH(check_engine_options(o), Catch::Matchers::ContainsSubstring("gradient_accumulation_steps"));
 }

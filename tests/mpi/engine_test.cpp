@@ -255,3 +255,59 @@ TEST_CASE("engine: fp16 with dynamic loss scaling skips the same steps at every 
   compare(s, false, 3e-3);
   CHECK(reference(s).skipped >= 1);
 }
+
+// EngineOptions::weight_decay_all (zero_train.weight_decay_applies_to "all"): after one AdamW
+// step from the same weights and data, a parameter the model declares decayed (the GPT's
+// matrices) is bitwise the same either way, and every other one (biases, LayerNorm gains) ends
+// lr x weight_decay x p0 lower with "all": decoupled decay p -= lr*wd*p comes before the Adam
+// update, which is the same in both runs (same gradients). Tolerance 1e-6 absolute: the two
+// runs round p - lr*wd*p - update in a different order, a few fp32 ulps of |p| <= 2, while the
+// decay itself is 5e-3 x p0 (>= 5e-3 for the gains, which start at 1).
+TEST_CASE("engine: weight decay applies to the declared parameters, or to all of them") {
+  coll::Communicator& comm = *test::env().comm;
+  Device& dev = *test::env().device;
+  for (const int stage : {0, 2, 3}) {
+    for (const bool offload : {false, true}) {
+      if (offload && stage == 0) continue;
+      CAPTURE(stage, offload);
+      const auto one_step = [&](bool all, std::vector<std::vector<float>>* before) {
+        auto stream = dev.create_stream("compute");
+        auto ops = models::make_ops(dev, *stream);
+        Model model = models::make_gpt({kGpt, ScalarType::f32, ScalarType::f32}, *ops);
+        EngineOptions o;
+        o.stage = stage;
+        o.offload_optimizer = offload;
+        o.adam.weight_decay = 0.5f;
+        o.weight_decay_all = all;
+        o.lr = [](int64_t) { return 1e-2f; };
+        o.gradient_clipping = 0.0f;
+        o.seed = 5;
+        Engine engine(model, dev, *stream, comm, o);
+        if (before)
+          for (int p = 0; p < static_cast<int>(model.params.size()); ++p)
+            before->push_back(engine.parameter(p));
+        engine.step([&](int) { return make_batch(dev, true, comm.rank()); });
+        std::vector<std::vector<float>> after;
+        for (int p = 0; p < static_cast<int>(model.params.size()); ++p) after.push_back(engine.parameter(p));
+        return std::make_pair(std::move(after), std::move(model.params));
+      };
+      std::vector<std::vector<float>> p0;
+      const auto [declared, specs] = one_step(false, &p0);
+      const auto [all, unused] = one_step(true, nullptr);
+      int undeclared = 0;
+      for (size_t p = 0; p < specs.size(); ++p) {
+        CAPTURE(specs[p].name);
+        if (specs[p].weight_decay) {
+          CHECK(std::memcmp(declared[p].data(), all[p].data(), all[p].size() * sizeof(float)) == 0);
+          continue;
+        }
+        ++undeclared;
+        double worst = 0;
+        for (size_t i = 0; i < all[p].size(); ++i)
+          worst = std::max(worst, std::fabs((double(declared[p][i]) - all[p][i]) - 5e-3 * p0[p][i]));
+        CHECK(worst <= 1e-6);
+      }
+      CHECK(undeclared >= 4);  // ln_1, ln_2, ln_f gains and the biases of the tiny GPT
+    }
+  }
+}

@@ -108,14 +108,31 @@ TEST_CASE("lr schedule: WarmupLR linear") {
 
 TEST_CASE("lr schedule: warmup_num_steps below 2 counts as 2") {
   // DeepSpeed: self.warmup_num_steps = max(2, warmup_num_steps) (ln 1 = 0 would divide by 0).
-  auto log1 = make(warmup(0.0, 1.0, 1, WarmupType::log));
-  CHECK_NEAR(log1->lr(0), 0.0);  // ln 1 / ln 2
-  CHECK_NEAR(log1->lr(1), 1.0);  // it = 1 < 2: ln 2 / ln 2
-  CHECK_NEAR(log1->lr(2), 1.0);
-  auto lin1 = make(warmup(0.0, 1.0, 1, WarmupType::linear));
-  CHECK_NEAR(lin1->lr(0), 0.0);
-  CHECK_NEAR(lin1->lr(1), 0.5);  // 1/2, not max: the warmup is 2 steps long
-  CHECK_NEAR(lin1->lr(2), 1.0);
+  // 0 is what Hugging Face's Trainer writes for "auto" by default (--warmup_steps 0).
+  for (int64_t n : {0, 1}) {
+    CAPTURE(n);
+    auto log1 = make(warmup(0.0, 1.0, n, WarmupType::log));
+    CHECK_NEAR(log1->lr(0), 0.0);  // ln 1 / ln 2
+    CHECK_NEAR(log1->lr(1), 1.0);  // it = 1 < 2: ln 2 / ln 2
+    CHECK_NEAR(log1->lr(2), 1.0);
+    auto lin1 = make(warmup(0.0, 1.0, n, WarmupType::linear));
+    CHECK_NEAR(lin1->lr(0), 0.0);
+    CHECK_NEAR(lin1->lr(1), 0.5);  // 1/2, not max: the warmup is 2 steps long
+    CHECK_NEAR(lin1->lr(2), 1.0);
+  }
+  WarmupDecayLRParams d;
+  static_cast<WarmupLRParams&>(d) = warmup(0.0, 1.0, 0, WarmupType::linear);
+  d.total_num_steps = 10;
+  auto decay = make(d);
+  CHECK_NEAR(decay->lr(2), 1.0);         // warmup over at it = 2
+  CHECK_NEAR(decay->lr(6), 0.5);         // (10 - 6) / (10 - 2)
+  WarmupCosineLRParams c;
+  c.warmup_num_steps = 0;
+  c.total_num_steps = 10;
+  c.warmup_type = WarmupType::linear;
+  auto cosine = make(c, 2.0);
+  CHECK_NEAR(cosine->lr(1), 1.0);        // 2 x (0 + 1/2 x 1)
+  CHECK_NEAR(cosine->lr(2), 2.0 * (1e-4 + (1 - 1e-4) * (1 + std::cos(std::numbers::pi / 8)) / 2));
 }
 
 TEST_CASE("lr schedule: WarmupLR never decreases") {
@@ -364,7 +381,7 @@ TEST_CASE("lr schedule: resuming from last_batch_iteration continues the same se
 }
 
 TEST_CASE("lr schedule: meaningless parameters name the scheduler.params key") {
-  REQUIRE_THROWS_WITH(make(warmup(0.0, 1e-3, 0, WarmupType::log)),
+  REQUIRE_THROWS_WITH(make(warmup(0.0, 1e-3, -1, WarmupType::log)),
                       ContainsSubstring("scheduler.params.warmup_num_steps"));
   WarmupCosineLRParams c;
   c.warmup_num_steps = -3;
