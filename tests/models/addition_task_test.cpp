@@ -31,7 +31,7 @@ int64_t number(const std::string& s) { return std::stoll(s); }
 
 std::string reversed(std::string s) { return {s.rbegin(), s.rend()}; }
 
-// The (a, b) problems written in row r, read back from its input text.
+// The (a, b) problems written in row r, read back from its input text (up to the padding).
 std::vector<std::pair<int64_t, int64_t>> problems_in_row(const AdditionTask& task,
                                                          const TokenBatch& b, int r) {
   const int d = task.options().digits, len = task.problem_length();
@@ -39,6 +39,7 @@ std::vector<std::pair<int64_t, int64_t>> problems_in_row(const AdditionTask& tas
   std::vector<std::pair<int64_t, int64_t>> out;
   for (int slot = 0; slot < task.problems_per_sequence(b.cols); ++slot) {
     const std::string p = text.substr(static_cast<size_t>(slot * len));
+    if (p.empty() || p[0] == '_') break;  // padding: the row holds no more problems
     out.emplace_back(number(p.substr(0, d)), number(p.substr(d + 1, d)));
   }
   return out;
