@@ -1,6 +1,7 @@
 // The watchdog: every rank notices, within a bounded time, that another rank stopped answering
-// (stopped by a signal, hung in the kernel, its host lost or cut off), says which one and where
-// each side was, and ends the job with a non-zero exit code instead of hanging forever.
+// (its process stopped by a signal or frozen, its host lost or cut off), says which one and where
+// each side was, and ends the job with a non-zero exit code instead of hanging forever. A rank
+// whose process runs but whose training thread is stuck is not detected (its heartbeats go on).
 //
 // Why heartbeats and not a timeout on each collective (PyTorch's NCCL watchdog): a collective's
 // duration says nothing about the peers' health — a slow step, a long checkpoint save or an
