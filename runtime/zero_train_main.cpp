@@ -227,6 +227,7 @@ Flags parse_flags(int argc, char** argv) {
       if (auto n = count(false)) f.eval_sequences = *n;
     } else if (name == "--eval-batches") {
       // Counted per rank, so the evaluated set changed with the world size (issue 16).
+      (void)value();  // its number goes with it, not reported as an unknown flag
       f.errors.push_back("--eval-batches was replaced by --eval-sequences N: an evaluation covers the "
                          "whole held-out set, or its first N sequences, the same on any number of ranks");
     } else if (name == "--eval-only") {
