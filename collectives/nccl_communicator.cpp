@@ -32,6 +32,20 @@
 // bits pass unchanged there (a NaN keeps its payload); with more ranks a NaN result of a reduction
 // is the canonical one (cuda/reduce_kernel.hpp).
 //
+// Connections at creation, not at first use. NCCL (2.22 and later) sets up its connections and
+// their buffers lazily by default: a pair of ranks' point-to-point channels at their first
+// send/recv, a collective's rings/trees at its first call. Here that first call comes after the
+// first backward has grown the stream-ordered pool to its peak, so a model that fits by a few
+// hundred MiB would fail inside NCCL in the middle of step 1, an error the ledger never sees.
+// So creation connects everything we use, while the GPU is still empty:
+//   - collectives: NCCL_RUNTIME_CONNECT=0 (set for the process before the first communicator,
+//     unless the user set it) makes ncclCommInitRank connect rings and trees itself;
+//   - point-to-point: NCCL connects a peer's channels at the first send/recv to it whatever the
+//     size, and NCCL_RUNTIME_CONNECT does not cover them: a one-element exchange with every peer
+//     at creation does (plus one barrier all-reduce);
+// and the memory NCCL took over all of it (cudaMemGetInfo before and after) is charged to the
+// device (cuda/outside_ledger.hpp): the ledger's capacity shrinks by it.
+//
 // Lifetime: destroy a communicator on every one of its ranks at the same point of the program
 // (ncclCommDestroy may wait for the peers), after its work; the destructor waits for its streams.
 //
@@ -52,6 +66,7 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +74,7 @@
 #include "collectives/communicator.hpp"
 #include "collectives/cuda/reduce_kernel.hpp"
 #include "runtime/core/cuda/checks.hpp"
+#include "runtime/core/cuda/outside_ledger.hpp"
 #include "runtime/core/cuda/stream.hpp"
 #include "runtime/core/device.hpp"
 #include "runtime/core/error.hpp"
@@ -229,8 +245,19 @@ class NcclCommunicator final : public Communicator {
     ZERO_CHECK_MPI(MPI_Bcast(&boot, int(sizeof boot), MPI_BYTE, 0, mpi_.get()));
     if (boot_error) std::rethrow_exception(boot_error);
     ZERO_REQUIRE(boot.ok, "rank 0 could not create the NCCL unique id (its error says why)");
-    ZERO_CHECK_NCCL(ncclCommInitRank(&nccl_, size, boot.id, rank));
-    // The memset above must be done before the first barrier; it is on the same stream.
+    // The memset above must be done before the warm-up's barrier; it is on the same stream.
+    cuda::count_outside_ledger(device, "NCCL communicator", [&] {
+      ZERO_CHECK_NCCL(ncclCommInitRank(&nccl_, size, boot.id, rank));
+      try {
+        connect_every_peer();
+      } catch (...) {
+        // The destructor does not run for a constructor that throws: drop the communicator here
+        // (abort, not destroy: the peers may never arrive).
+        (void)ncclCommAbort(nccl_);
+        nccl_ = nullptr;
+        throw;
+      }
+    });
   }
 
   ~NcclCommunicator() override {
@@ -389,6 +416,26 @@ class NcclCommunicator final : public Communicator {
     ZERO_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, comm_stream()));
   }
 
+  // The warm-up exchange of the constructor (see the top of the file): one float from the barrier
+  // word (zero) to every peer and one from each into its scratch slot, then one barrier. Waits
+  // for it, so NCCL's connections and buffers exist when the constructor returns.
+  void connect_every_peer() {
+    {
+      NcclGroup group(nccl_);
+      for (int p = 0; p < size(); ++p) {
+        if (p == rank()) continue;
+        ZERO_CHECK_NCCL_COMM(ncclSend(barrier_.data(), 1, ncclFloat32, p, nccl_, comm_stream()),
+                             nccl_);
+        ZERO_CHECK_NCCL_COMM(ncclRecv(slot(0, p), 1, ncclFloat32, p, nccl_, comm_stream()), nccl_);
+      }
+      group.end();
+    }
+    ZERO_CHECK_NCCL_COMM(ncclAllReduce(barrier_.data(), barrier_.data(), 1, ncclFloat32, ncclSum,
+                                       nccl_, comm_stream()),
+                         nccl_);
+    stream_->synchronize();
+  }
+
   // Scratch slot of peer p (every rank but this one, in rank order) in slot s.
   std::byte* slot(int s, int peer) {
     const int index = peer < rank() ? peer : peer - 1;
@@ -475,6 +522,10 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, Device& devi
                "make_nccl_communicator needs a cuda device, got " + device.name() +
                    "\nHINT: cpu devices use make_mpi_communicator (make_communicator picks the "
                    "backend from the device)");
+  // NCCL reads its parameters once per process, at the first communicator: set before it (see
+  // the top of the file). A value the user set wins (NCCL_RUNTIME_CONNECT=1: lazy, NCCL's default).
+  static std::once_flag eager;
+  std::call_once(eager, [] { ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0); });
   MPI_Comm dup = MPI_COMM_NULL;
   ZERO_CHECK_MPI(MPI_Comm_dup(comm, &dup));
   MpiComm owned(dup);

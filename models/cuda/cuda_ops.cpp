@@ -30,6 +30,7 @@
 #include "models/cuda/kernels.hpp"
 #include "models/ops.hpp"
 #include "runtime/core/cuda/checks.hpp"
+#include "runtime/core/cuda/outside_ledger.hpp"
 #include "runtime/core/cuda/stream.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/core/log.hpp"
@@ -100,7 +101,10 @@ class CudaOps final : public Ops {
  public:
   CudaOps(Device& device, Stream& stream) : Ops(device, stream), cs_(cuda::native(stream)) {
     ZERO_CHECK_CUDA(cudaSetDevice(device.index()));
-    ZERO_CHECK_CUBLAS(cublasCreate(&blas_));
+    // The handle's own device memory is outside the ledger: the device's capacity shrinks by it.
+    // (The GEMMs' workspace is ours, below, through the ledger.)
+    cuda::count_outside_ledger(device, "cuBLAS handle",
+                               [&] { ZERO_CHECK_CUBLAS(cublasCreate(&blas_)); });
     try {
       ZERO_CHECK_CUBLAS(cublasSetStream(blas_, cs_));
       // Default math: no TF32 for fp32 inputs, and 16-bit outputs keep fp32 split-K reductions.

@@ -4,10 +4,16 @@
 //
 // Backward, deterministic without float atomics:
 //   dwte  The token ids (clamped and checked) are sorted, with their positions as values, by a
-//         stable radix sort (cub): equal ids end up adjacent, positions ascending. Block (i, y)
-//         does nothing unless sorted entry i starts a run of equal ids; the one that does sums
+//         stable radix sort (cub): equal ids end up adjacent, positions ascending. A second
+//         kernel lists the sorted entries that start a run of equal ids (one integer atomicAdd
+//         per run gives each its slot; the list's order does not matter, since every run writes
+//         its own row). The gradient kernel's grid is (min(N, V, kMaxBlocks / column blocks),
+//         C / 256): block (x, y) takes runs x, x + gridDim.x, ... of the list, and for each sums
 //         dout over the run's positions, in ascending order, for its 256 channels, and adds the
-//         fp32 sum to dwte's row once. Rows of ids that do not occur are not touched.
+//         fp32 sum to dwte's row once. So the work is one block-step per run and channel block,
+//         not one block per token (N x C/256 blocks, all but one per run exiting at once), and
+//         the bits are those of that one-block-per-token scheme. Rows of ids that do not occur
+//         are not touched.
 //   dwpe  One thread per (t, channel) sums dout[b, t, c] over b in order.
 #include <cub/device/device_radix_sort.cuh>
 
@@ -56,34 +62,48 @@ __global__ void __launch_bounds__(kPrepareThreads)
   }
 }
 
+// runs[0 .. *count) = the sorted entries i that start a run (i == 0 or keys[i - 1] != keys[i]),
+// in no particular order. *count is zero on entry.
+__global__ void __launch_bounds__(kPrepareThreads)
+    embedding_run_starts_kernel(unsigned* __restrict__ runs, unsigned* __restrict__ count,
+                                const unsigned* __restrict__ keys, int64_t N) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < N; i += stride)
+    if (i == 0 || keys[i - 1] != keys[i]) runs[atomicAdd(count, 1u)] = unsigned(i);
+}
+
 template <class T, class G>
 __global__ void __launch_bounds__(kColThreads)
     embedding_wte_grad_kernel(G* __restrict__ dwte, const T* __restrict__ dout,
                               const unsigned* __restrict__ keys,
-                              const unsigned* __restrict__ positions, int64_t N, int64_t C) {
-  const int64_t i = blockIdx.x;
-  const unsigned key = keys[i];
-  if (i > 0 && keys[i - 1] == key) return;  // not the start of a run
+                              const unsigned* __restrict__ positions,
+                              const unsigned* __restrict__ runs, const unsigned* __restrict__ count,
+                              int64_t N, int64_t C) {
   const int64_t c = int64_t(blockIdx.y) * kColThreads + threadIdx.x;
   if (c >= C) return;
-  float sum = 0.0f;
-  bool more = true;
-  for (int64_t j = i; more; j += kBatch) {
-    // The run is a prefix of the batch (sorted keys: once one differs, the rest do too).
-    float v[kBatch];
-    bool in[kBatch];
+  const int64_t R = *count;
+  for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+    const int64_t i = runs[r];
+    const unsigned key = keys[i];
+    float sum = 0.0f;
+    bool more = true;
+    for (int64_t j = i; more; j += kBatch) {
+      // The run is a prefix of the batch (sorted keys: once one differs, the rest do too).
+      float v[kBatch];
+      bool in[kBatch];
 #pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      in[k] = j + k < N && keys[j + k] == key;
-      v[k] = in[k] ? widen(dout[int64_t(positions[j + k]) * C + c]) : 0.0f;
+      for (int k = 0; k < kBatch; ++k) {
+        in[k] = j + k < N && keys[j + k] == key;
+        v[k] = in[k] ? widen(dout[int64_t(positions[j + k]) * C + c]) : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k)
+        if (in[k]) sum += v[k];
+      more = in[kBatch - 1];
     }
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k)
-      if (in[k]) sum += v[k];
-    more = in[kBatch - 1];
+    G* g = dwte + int64_t(key) * C + c;
+    *g = narrow<G>(widen(*g) + sum);
   }
-  G* g = dwte + int64_t(key) * C + c;
-  *g = narrow<G>(widen(*g) + sum);
 }
 
 template <class T, class G>
@@ -133,7 +153,8 @@ void embedding_forward(DType a, void* out, const int32_t* tokens, const void* wt
 
 size_t embedding_backward_workspace(int64_t N, int64_t V) {
   if (N == 0) return 0;
-  return 4 * align_up(size_t(N) * sizeof(unsigned)) + align_up(sort_temp_bytes(N, V));
+  return 4 * align_up(size_t(N) * sizeof(unsigned)) + align_up(sort_temp_bytes(N, V)) +
+         align_up(sizeof(unsigned));
 }
 
 void embedding_backward(DType a, DType g_wte, DType g_wpe, void* dwte, void* dwpe, const void* dout,
@@ -152,6 +173,7 @@ void embedding_backward(DType a, DType g_wte, DType g_wpe, void* dwte, void* dwp
   unsigned* positions = carve.take<unsigned>(size_t(N));
   size_t temp_bytes = sort_temp_bytes(N, V);
   char* temp = carve.take<char>(temp_bytes);
+  unsigned* run_count = carve.take<unsigned>(1);
 
   embedding_sort_prepare_kernel<<<grid_for(size_t(N), kPrepareThreads), kPrepareThreads, 0,
                                   stream>>>(keys_in, positions_in, tokens, N, V, err);
@@ -161,11 +183,23 @@ void embedding_backward(DType a, DType g_wte, DType g_wpe, void* dwte, void* dwp
 
   const unsigned col_blocks = ceil_div(C, kColThreads);
   if (col_blocks == 0) return;
+  // The run list takes the place of the sort's input keys, which the sort has finished reading
+  // (same stream).
+  unsigned* runs = keys_in;
+  ZERO_CHECK_CUDA(cudaMemsetAsync(run_count, 0, sizeof(unsigned), stream));
+  embedding_run_starts_kernel<<<grid_for(size_t(N), kPrepareThreads), kPrepareThreads, 0,
+                                stream>>>(runs, run_count, keys, N);
+  check_launch("embedding_run_starts_kernel", a);
+  // At most min(N, V) runs; blocks past the run count exit at once, so no more of them than
+  // kMaxBlocks in all (several waves on any GPU).
+  const int64_t run_blocks = std::max<int64_t>(
+      1, std::min({N, V, int64_t(kMaxBlocks) / int64_t(col_blocks)}));
   dispatch_grad(a, g_wte, [&](auto ta, auto tg) {
     using E = typename decltype(ta)::type;
     using G = typename decltype(tg)::type;
-    embedding_wte_grad_kernel<E, G><<<dim3(unsigned(N), col_blocks), kColThreads, 0, stream>>>(
-        static_cast<G*>(dwte), static_cast<const E*>(dout), keys, positions, N, C);
+    embedding_wte_grad_kernel<E, G><<<dim3(unsigned(run_blocks), col_blocks), kColThreads, 0,
+                                      stream>>>(static_cast<G*>(dwte), static_cast<const E*>(dout),
+                                                keys, positions, runs, run_count, N, C);
     check_launch("embedding_wte_grad_kernel", a);
   });
   dispatch_grad(a, g_wpe, [&](auto ta, auto tg) {

@@ -57,6 +57,9 @@ void Device::out_of_memory(MemSpace space, MemCategory category, size_t bytes, c
                             : format_bytes(snap.total[s].current) + " of " +
                                   format_bytes(snap.capacity[s])) +
                     ")";
+  if (space == MemSpace::device) {
+    if (const std::string outside = outside_ledger_report(); !outside.empty()) msg += "\n" + outside;
+  }
   if (shared)
     msg += "\nHINT: on this device, device and host memory are the same RAM, so offloading makes "
            "no room: use a higher ZeRO stage, more ranks on more nodes, a smaller model, or give "

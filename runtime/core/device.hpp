@@ -3,8 +3,12 @@
 //         exceed device memory" is testable on any machine; streams are cpu executors. Its
 //         device memory and the host memory it uses are the same RAM: a shared limit bounds the
 //         two together (zero-train sets it to the rank's memory budget, offload/memory_budget.hpp).
-//   cuda  one GPU: cudaMalloc'd memory, capacity = the GPU's real memory (or a lower limit we
-//         set, e.g. to emulate a 32 GiB card), CUDA streams, pinned host memory via cudaHostAlloc.
+//   cuda  one GPU: cudaMalloc'd memory, CUDA streams, pinned host memory via cudaHostAlloc.
+//         Capacity = the GPU memory free once the CUDA context exists (cudaMemGetInfo, not the
+//         card's total: the context, other processes and earlier allocations are not ours),
+//         less what libraries later take outside the ledger (take_outside_ledger: cuBLAS's
+//         handle, NCCL's connection buffers), or a lower limit we set (e.g. to emulate a 32 GiB
+//         card), whichever is smaller.
 //
 // Every allocation goes through Device::allocate / allocate_host and into the device's
 // MemoryLedger; an allocation past the capacity throws OutOfMemory with the ledger table.
@@ -17,6 +21,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "runtime/core/device_kind.hpp"
 #include "runtime/core/ledger.hpp"
@@ -58,8 +63,8 @@ class Buffer {
 };
 
 struct DeviceOptions {
-  // Capacity of device memory in bytes. 0: cpu unlimited; cuda the GPU's real memory.
-  // On cuda a value above the real memory is clamped to it.
+  // Capacity of device memory in bytes. 0: cpu unlimited; cuda the GPU's free memory.
+  // On cuda the capacity is never above what the GPU has free (see Device above).
   size_t memory_limit = 0;
   // Capacity of host memory used on the device's behalf (pinned staging, offloaded states).
   // 0: unlimited.
@@ -112,6 +117,19 @@ class Device {
   //   - the stream outlives every buffer allocated while it was set.
   // cpu: nothing changes (allocation is immediate; the cpu ops keep their operands alive).
   virtual void set_allocation_stream(Stream* stream) { (void)stream; }
+
+  // `bytes` of this device's memory were taken outside the ledger, after the device was opened,
+  // by a library working for it (cuBLAS's handle, NCCL's communicators and their connection
+  // buffers), as measured by the caller (cuda/outside_ledger.hpp). cuda: the capacity becomes
+  // min(limit, free memory at opening - everything so taken), so the run's own allocations end
+  // where the GPU's memory does instead of failing inside a library later. `what` names the
+  // library in outside_ledger_report(). cpu: nothing is measured; the call is ignored.
+  virtual void take_outside_ledger(size_t bytes, std::string_view what) {
+    (void)bytes;
+    (void)what;
+  }
+  // One line per library that took memory outside the ledger ("" when none did).
+  virtual std::string outside_ledger_report() const { return {}; }
 
  protected:
   Device(DeviceKind kind, int index, std::string name, size_t capacity, size_t host_capacity,

@@ -149,6 +149,11 @@ size_t MemoryLedger::shared_capacity() const {
   return state_.shared_capacity;
 }
 
+void MemoryLedger::set_capacity(MemSpace space, size_t bytes) {
+  std::lock_guard lock(mutex_);
+  state_.capacity[static_cast<int>(space)] = bytes;
+}
+
 size_t MemoryLedger::current(MemSpace space) const {
   std::lock_guard lock(mutex_);
   return state_.total[static_cast<int>(space)].current;

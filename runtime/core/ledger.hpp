@@ -81,6 +81,9 @@ class MemoryLedger {
 
   size_t capacity(MemSpace space) const;
   size_t shared_capacity() const;
+  // A new capacity for `space` (e.g. when a library took device memory outside the ledger).
+  // Allocations already made stay; the total may then exceed the capacity until they go.
+  void set_capacity(MemSpace space, size_t bytes);
   size_t current(MemSpace space) const;
   size_t current(MemSpace space, MemCategory category) const;
   LedgerSnapshot snapshot() const;

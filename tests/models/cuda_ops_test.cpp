@@ -431,6 +431,23 @@ TEST_CASE("cuda ops: embedding forward is the cpu sum rounded once and backward 
   against_cpu_all([&](Run& r) { embedding_body(r, d, tokens); });
 }
 
+TEST_CASE("cuda ops: embedding backward with more distinct tokens than the wte kernel has blocks") {
+  REQUIRE_GPU();
+  // C = 2304 is 9 blocks of channels, so the wte-gradient grid has 8192 / 9 = 910 blocks along
+  // the runs of equal ids; 2048 tokens drawn from 4096 ids (every 16th one id 7) make about 1500
+  // runs, so most blocks take two or more of them, in the order the run list happens to have.
+  Dims d;
+  d.B = 2;
+  d.T = 1024;
+  d.Tmax = 1024;
+  d.C = 2304;
+  d.V = 4096;
+  Ids tokens = random_ids(d.N(), 17, d.V);
+  for (int64_t i = 0; i < d.N(); i += 16) tokens[size_t(i)] = 7;
+  against_cpu(f32, f32, [&](Run& r) { embedding_body(r, d, tokens); });
+  against_cpu(bf16, bf16, [&](Run& r) { embedding_body(r, d, tokens); });
+}
+
 TEST_CASE("cuda ops: embedding backward leaves rows of absent tokens untouched") {
   REQUIRE_GPU();
   const Dims d;

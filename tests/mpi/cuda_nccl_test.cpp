@@ -42,6 +42,7 @@
 #include "collectives/cuda/reduce_kernel.hpp"
 #include "collectives/reduce_kernel.hpp"
 #include "runtime/core/cuda/checks.hpp"
+#include "runtime/core/cuda/outside_ledger.hpp"
 #include "runtime/core/cuda/stream.hpp"
 #include "runtime/core/device.hpp"
 #include "runtime/core/world.hpp"
@@ -271,6 +272,45 @@ TEST_CASE("nccl: a communicator over the world, its stream and its scratch") {
     CHECK(comm_bytes == 0);  // a world of one communicates nothing and needs no scratch
   else
     CHECK(comm_bytes > 0);
+}
+
+TEST_CASE("nccl: a new communicator is connected at creation: its first collectives take no memory") {
+  REQUIRE_GPU_PER_RANK();
+  Rig& g = rig();
+  coll::Communicator& c = *g.comm;
+  const int n = c.size();
+  // Multi-MiB messages, so NCCL would set up its large-message paths (several channels per peer,
+  // the Simple protocol's buffers) at their first use if it connected lazily.
+  const size_t count = 3000017;
+  Buffer send = g.device->allocate(size_t(n) * count * 4, MemCategory::other);
+  Buffer recv = g.device->allocate(size_t(n) * count * 4, MemCategory::other);
+  ZERO_CHECK_CUDA(cudaMemset(send.data(), 0, send.bytes()));
+  ZERO_CHECK_CUDA(cudaMemset(recv.data(), 0, recv.bytes()));
+  ZERO_CHECK_CUDA(cudaDeviceSynchronize());
+  auto every_collective = [&](coll::Communicator& k) {
+    k.reduce_scatter(send.data(), recv.data(), count, DType::f32, ReduceOp::sum).wait();
+    k.all_gather(send.data(), recv.data(), count, DType::f32).wait();
+    k.all_reduce(send.data(), recv.data(), count, DType::f32, ReduceOp::sum).wait();
+    k.broadcast(recv.data(), count, DType::f32, n - 1).wait();
+    k.barrier().wait();
+  };
+  // Once on the shared communicator first: what loads lazily on its own (our kernels' modules)
+  // is not NCCL's and must not be counted below.
+  every_collective(c);
+  auto fresh = c.split(0, c.rank());  // the same ranks, a new NCCL communicator
+  REQUIRE(fresh);
+  const size_t before = cuda::free_device_memory(g.device->index());
+  every_collective(*fresh);
+  const size_t after = cuda::free_device_memory(g.device->index());
+  // Below one channel's Simple-protocol buffer (NCCL_BUFFSIZE, 4 MiB by default): the least a
+  // peer connected at its first send/recv would take.
+  INFO("free device memory before the first collectives " << before << ", after " << after);
+  CHECK(after + (size_t(4) << 20) > before);
+  if (n > 1) {
+    // ... because creation took it, measured and charged to the device's capacity.
+    CHECK_THAT(g.device->outside_ledger_report(), Catch::Matchers::ContainsSubstring("NCCL communicator"));
+  }
+  fresh.reset();  // every rank, same point
 }
 
 TEST_CASE("nccl all_gather: every dtype and size, out of place and in place") {

@@ -5,7 +5,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "runtime/core/cuda/checks.hpp"
 #include "runtime/core/cuda/stream.hpp"
@@ -28,7 +32,7 @@ namespace {
 
 struct GpuFacts {
   std::string name;
-  size_t total_memory = 0;
+  size_t free_memory = 0;  // once this process's CUDA context exists
   int major = 0;
 };
 
@@ -42,8 +46,17 @@ GpuFacts query(int index) {
   cudaDeviceProp prop{};
   ZERO_CHECK_CUDA(cudaGetDeviceProperties(&prop, index));
   f.name = prop.name;
-  f.total_memory = prop.totalGlobalMem;
   f.major = prop.major;
+  // The capacity is what is free once the context exists, not prop.totalGlobalMem: the context
+  // itself (hundreds of MiB), other processes on the GPU and memory this process already holds
+  // are not ours to hand out. cudaFree(nullptr) creates the primary context if nothing has.
+  int previous = 0;
+  ZERO_CHECK_CUDA(cudaGetDevice(&previous));
+  ZERO_CHECK_CUDA(cudaSetDevice(index));
+  ZERO_CHECK_CUDA(cudaFree(nullptr));
+  size_t total = 0;
+  ZERO_CHECK_CUDA(cudaMemGetInfo(&f.free_memory, &total));
+  if (previous != index) ZERO_CHECK_CUDA(cudaSetDevice(previous));
   return f;
 }
 
@@ -51,9 +64,11 @@ class CudaDevice final : public Device {
  public:
   CudaDevice(int index, const DeviceOptions& o, const GpuFacts& f)
       : Device(DeviceKind::cuda, index, "cuda:" + std::to_string(index) + " (" + f.name + ")",
-               o.memory_limit ? std::min(o.memory_limit, f.total_memory) : f.total_memory,
+               o.memory_limit ? std::min(o.memory_limit, f.free_memory) : f.free_memory,
                o.host_memory_limit ? o.host_memory_limit : kUnlimited),
-        major_(f.major) {
+        major_(f.major),
+        limit_(o.memory_limit ? o.memory_limit : kUnlimited),
+        free_at_open_(f.free_memory) {
     ZERO_CHECK_CUDA(cudaSetDevice(index));
     // The stream-ordered pool keeps freed memory for reuse instead of returning it to the driver
     // at every synchronisation (the default release threshold is 0).
@@ -86,6 +101,27 @@ class CudaDevice final : public Device {
     ZERO_CHECK_CUDA(cudaMemsetAsync(dst, value, bytes, cuda::native(stream)));
   }
   bool supports_bf16() const noexcept override { return major_ >= 8; }
+
+  void take_outside_ledger(size_t bytes, std::string_view what) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    outside_ += bytes;
+    auto it = std::find_if(outside_by_.begin(), outside_by_.end(),
+                           [&](const auto& e) { return e.first == what; });
+    if (it == outside_by_.end()) it = outside_by_.insert(outside_by_.end(), {std::string(what), 0});
+    it->second += bytes;
+    const size_t left = free_at_open_ > outside_ ? free_at_open_ - outside_ : 0;
+    ledger().set_capacity(MemSpace::device, std::min(limit_, left));
+  }
+
+  std::string outside_ledger_report() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (outside_by_.empty()) return {};
+    std::string r = "device memory outside the ledger (taken after " + format_bytes(free_at_open_) +
+                    " were free at opening):";
+    for (const auto& [what, bytes] : outside_by_) r += " " + what + " " + format_bytes(bytes) + ";";
+    r.back() = '.';
+    return r;
+  }
 
  protected:
   void* raw_allocate(size_t bytes) override {
@@ -146,8 +182,12 @@ class CudaDevice final : public Device {
 
  private:
   int major_;
+  const size_t limit_;         // the configured limit, kUnlimited without one
+  const size_t free_at_open_;  // cudaMemGetInfo's free bytes when the device was opened
+  size_t outside_ = 0;         // taken since by libraries, outside the ledger
+  std::vector<std::pair<std::string, size_t>> outside_by_;  // ... by library, in first-seen order
   cudaMemPool_t pool_ = nullptr;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   bool ordered_ = false;
   cudaStream_t alloc_stream_ = nullptr;
   std::unordered_map<void*, cudaStream_t> async_;  // allocated by cudaMallocAsync, on which stream
