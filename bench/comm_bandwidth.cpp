@@ -19,7 +19,7 @@
 #include "bench/common/mpi_timing.hpp"
 #include "bench/common/report.hpp"
 #include "collectives/communicator.hpp"
-#include "runtime/core/world.hpp"
+#include "core/world.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// dtype_convert: bulk host conversion fp32 <-> bf16 / fp16 (runtime/core/dtype.hpp) against the
+// dtype_convert: bulk host conversion fp32 <-> bf16 / fp16 (core/dtype.hpp) against the
 // host's memory bandwidth, measured in the same run.
 //
 // The conversion is memory-bound: per element it reads size(src) and writes size(dst) bytes.
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "bench/common/report.hpp"
-#include "runtime/core/dtype.hpp"
+#include "core/dtype.hpp"
 
 namespace {
 

@@ -738,7 +738,7 @@ def compare_results(a, shape, ours, s, peer):
         out.append(result(
             f"MFU, {shape_label(shape)}", "fraction", "", None, base,
             note="no MFU: the device's peak is unknown (cpu backend, or a GPU not in "
-                 "runtime/core/peak_flops.hpp), or our run failed; no goal"))
+                 "core/peak_flops.hpp), or our run failed; no goal"))
     peak_alloc = peer_result(peer, "device peak allocated") if with_peer else None
     peak_res = peer_result(peer, "device peak reserved") if with_peer else None
     dev_ref = None

@@ -9,7 +9,7 @@
 #include "bench/common/report.hpp"
 #include "collectives/communicator.hpp"
 #include "models/gpt.hpp"
-#include "runtime/core/world.hpp"
+#include "core/world.hpp"
 #include "runtime/engine/engine.hpp"
 
 namespace {

@@ -6,7 +6,7 @@
 #include <string>
 #include <utility>
 
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero::coll {
 

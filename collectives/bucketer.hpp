@@ -72,7 +72,7 @@
 #include <vector>
 
 #include "collectives/communicator.hpp"
-#include "runtime/core/device.hpp"
+#include "core/device.hpp"
 
 namespace zero::coll {
 

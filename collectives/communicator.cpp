@@ -1,6 +1,6 @@
 #include "collectives/communicator.hpp"
 
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero::coll {
 

@@ -43,9 +43,9 @@
 #include <memory>
 #include <string_view>
 
-#include "runtime/core/device.hpp"
-#include "runtime/core/dtype.hpp"
-#include "runtime/core/stream.hpp"
+#include "core/device.hpp"
+#include "core/dtype.hpp"
+#include "core/stream.hpp"
 
 namespace zero::coll {
 

@@ -9,7 +9,7 @@
 #include <limits>
 
 #include "collectives/reduce_kernel.hpp"
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero::coll {
 

@@ -20,8 +20,8 @@
 
 #include "collectives/communicator.hpp"
 #include "collectives/reduce_kernel.hpp"
-#include "runtime/core/error.hpp"
-#include "runtime/core/mpi_check.hpp"
+#include "core/error.hpp"
+#include "core/mpi_check.hpp"
 
 namespace zero::coll {
 

@@ -73,14 +73,14 @@
 
 #include "collectives/communicator.hpp"
 #include "collectives/cuda/reduce_kernel.hpp"
-#include "runtime/core/cuda/checks.hpp"
-#include "runtime/core/cuda/outside_ledger.hpp"
-#include "runtime/core/cuda/stream.hpp"
-#include "runtime/core/device.hpp"
-#include "runtime/core/error.hpp"
-#include "runtime/core/ledger.hpp"
-#include "runtime/core/log.hpp"
-#include "runtime/core/mpi_check.hpp"
+#include "core/cuda/checks.hpp"
+#include "core/cuda/outside_ledger.hpp"
+#include "core/cuda/stream.hpp"
+#include "core/device.hpp"
+#include "core/error.hpp"
+#include "core/ledger.hpp"
+#include "core/log.hpp"
+#include "core/mpi_check.hpp"
 
 namespace zero::coll {
 

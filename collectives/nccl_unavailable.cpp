@@ -5,7 +5,7 @@
 
 #ifndef ZERO_HAVE_CUDA
 
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero::coll {
 

@@ -21,7 +21,7 @@
 
 #include "models/gpt_shape.hpp"
 #include "models/ops.hpp"
-#include "runtime/core/unit.hpp"
+#include "core/unit.hpp"
 
 namespace zero::models {
 

@@ -1,6 +1,6 @@
 #include "models/mlp.hpp"
 
-#include "runtime/core/random.hpp"
+#include "core/random.hpp"
 
 #include <cmath>
 #include <string>

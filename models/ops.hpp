@@ -31,8 +31,8 @@
 #include <memory>
 #include <string>
 
-#include "runtime/core/device.hpp"
-#include "runtime/core/tensor.hpp"
+#include "core/device.hpp"
+#include "core/tensor.hpp"
 
 namespace zero::models {
 

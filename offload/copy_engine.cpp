@@ -4,7 +4,7 @@
 #include <cstring>
 #include <string>
 
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero::offload {
 

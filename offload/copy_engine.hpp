@@ -46,8 +46,8 @@
 #include <mutex>
 
 #include "offload/host_memory.hpp"
-#include "runtime/core/device.hpp"
-#include "runtime/core/stream.hpp"
+#include "core/device.hpp"
+#include "core/stream.hpp"
 
 namespace zero::offload {
 

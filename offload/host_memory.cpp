@@ -5,7 +5,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "runtime/core/log.hpp"
+#include "core/log.hpp"
 
 namespace zero::offload {
 

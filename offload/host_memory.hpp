@@ -35,7 +35,7 @@
 #include <string>
 #include <string_view>
 
-#include "runtime/core/device.hpp"
+#include "core/device.hpp"
 
 namespace zero::offload {
 

@@ -13,9 +13,9 @@
 #include <functional>
 #include <sstream>
 
-#include "runtime/core/error.hpp"
-#include "runtime/core/ledger.hpp"
-#include "runtime/core/mpi_check.hpp"
+#include "core/error.hpp"
+#include "core/ledger.hpp"
+#include "core/mpi_check.hpp"
 
 namespace zero::offload {
 

@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/core/device.hpp"
+#include "core/device.hpp"
 
 namespace zero::offload {
 

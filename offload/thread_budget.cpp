@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/core/error.hpp"
-#include "runtime/core/mpi_check.hpp"
+#include "core/error.hpp"
+#include "core/mpi_check.hpp"
 
 namespace zero::offload {
 

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero::optim {
 

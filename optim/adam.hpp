@@ -24,7 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "runtime/core/dtype.hpp"
+#include "core/dtype.hpp"
 
 namespace zero::optim {
 

@@ -8,12 +8,12 @@
 #include <cmath>
 #include <vector>
 
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero::optim {
 namespace {
 
-// Compiled for AVX-512, AVX2 and baseline x86-64, chosen at load time (as runtime/core/dtype.cpp
+// Compiled for AVX-512, AVX2 and baseline x86-64, chosen at load time (as core/dtype.cpp
 // does). The clones give the same bits: every lane adds in the same order, and a float's square
 // is exact in double, so a fused multiply-add rounds exactly like a multiply then an add.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)

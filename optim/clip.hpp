@@ -32,7 +32,7 @@
 
 #include "collectives/communicator.hpp"
 #include "optim/loss_scaler.hpp"
-#include "runtime/core/dtype.hpp"
+#include "core/dtype.hpp"
 
 namespace zero::optim {
 

@@ -21,7 +21,7 @@
 #include <string>
 #include <type_traits>
 
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

@@ -12,7 +12,7 @@
 // paths, every thread count, every chunking and every sub-range give the same bits, on any x86
 // host. Against the exact (double) formula that is within a few ULPs per step: see
 // docs/host-adam.md and tests/optim/host_adam_test.cpp for the bound and its reasoning. The
-// 16-bit copy equals to_bfloat16(p) / to_half(p) (runtime/core/dtype.hpp) exactly. Assumes the
+// 16-bit copy equals to_bfloat16(p) / to_half(p) (core/dtype.hpp) exactly. Assumes the
 // default floating-point environment (round to nearest, no flush-to-zero), as dtype.hpp does.
 //
 // Memory: p, m, v and the gradient are read through the caches with software prefetches
@@ -37,7 +37,7 @@
 #include <memory>
 
 #include "optim/adam.hpp"
-#include "runtime/core/dtype.hpp"
+#include "core/dtype.hpp"
 
 namespace zero::optim {
 

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <string>
 
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero::optim {
 namespace {

@@ -8,7 +8,7 @@
 #include <numbers>
 #include <string>
 
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero::optim {
 namespace {

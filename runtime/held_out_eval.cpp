@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "models/data/addition_task.hpp"
-#include "runtime/core/error.hpp"
-#include "runtime/core/mpi_check.hpp"
+#include "core/error.hpp"
+#include "core/mpi_check.hpp"
 
 namespace zero {
 

@@ -48,12 +48,12 @@
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/checkpoint/hf_gpt2.hpp"
 #include "runtime/config/config.hpp"
-#include "runtime/core/log.hpp"
-#include "runtime/core/mpi_check.hpp"
-#include "runtime/core/peak_flops.hpp"
-#include "runtime/core/phase.hpp"
-#include "runtime/core/watchdog.hpp"
-#include "runtime/core/world.hpp"
+#include "core/log.hpp"
+#include "core/mpi_check.hpp"
+#include "core/peak_flops.hpp"
+#include "core/phase.hpp"
+#include "core/watchdog.hpp"
+#include "core/world.hpp"
 #include "runtime/engine/engine.hpp"
 #include "runtime/engine/from_config.hpp"
 #include "runtime/held_out_eval.hpp"
@@ -895,7 +895,7 @@ int train(zero::World& world, const Flags& flags) {
   // Model FLOPs per token (models::gpt_flops_per_token: 6 x the matmul parameters + attention,
   // i.e. forward 2 and backward 4 FLOPs per parameter per token; recomputation by activation
   // checkpointing is not counted, as MFU is defined). MFU = model FLOP/s / the device's dense
-  // 16-bit peak (runtime/core/peak_flops.hpp), on a GPU whose peak we know.
+  // 16-bit peak (core/peak_flops.hpp), on a GPU whose peak we know.
   const double flops_per_token = models::gpt_flops_per_token(shape);
   const std::optional<double> peak = peak_dense_16bit_flops(device->name());
 

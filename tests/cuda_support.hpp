@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "runtime/core/cuda/checks.hpp"
+#include "core/cuda/checks.hpp"
 
 namespace zero::test {
 

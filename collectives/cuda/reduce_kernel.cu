@@ -13,9 +13,9 @@
 #include <string>
 #include <type_traits>
 
-#include "runtime/core/cuda/checks.hpp"
-#include "runtime/core/dtype.hpp"
-#include "runtime/core/error.hpp"
+#include "core/cuda/checks.hpp"
+#include "core/dtype.hpp"
+#include "core/error.hpp"
 
 namespace zero::coll {
 

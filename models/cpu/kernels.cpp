@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/core/dtype.hpp"
-#include "runtime/core/error.hpp"
+#include "core/dtype.hpp"
+#include "core/error.hpp"
 
 namespace zero::models::cpu {
 namespace {

@@ -32,7 +32,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "runtime/core/tensor.hpp"
+#include "core/tensor.hpp"
 
 namespace zero::models::cpu {
 

@@ -11,9 +11,9 @@
 #include <string>
 
 #include "models/cuda/kernels.hpp"
-#include "runtime/core/cuda/checks.hpp"
-#include "runtime/core/dtype.hpp"
-#include "runtime/core/error.hpp"
+#include "core/cuda/checks.hpp"
+#include "core/dtype.hpp"
+#include "core/error.hpp"
 
 namespace zero::models::kernels::detail {
 

@@ -29,11 +29,11 @@
 
 #include "models/cuda/kernels.hpp"
 #include "models/ops.hpp"
-#include "runtime/core/cuda/checks.hpp"
-#include "runtime/core/cuda/outside_ledger.hpp"
-#include "runtime/core/cuda/stream.hpp"
-#include "runtime/core/error.hpp"
-#include "runtime/core/log.hpp"
+#include "core/cuda/checks.hpp"
+#include "core/cuda/outside_ledger.hpp"
+#include "core/cuda/stream.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
 
 namespace zero::models {
 

@@ -29,7 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "runtime/core/dtype.hpp"
+#include "core/dtype.hpp"
 
 namespace zero::models::kernels {
 

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <limits>
 
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero::models::data {
 

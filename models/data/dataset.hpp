@@ -13,7 +13,7 @@
 // Thread-safety: every const member of a Dataset may be called concurrently.
 //
 // Also here: a seeded bijection on [0, n) (IndexPermutation), built on the counter-based hashes
-// of runtime/core/random.hpp. They hold no state, so the contract above holds without locks or
+// of core/random.hpp. They hold no state, so the contract above holds without locks or
 // caches.
 #pragma once
 
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/core/random.hpp"
+#include "core/random.hpp"
 
 namespace zero::models::data {
 
@@ -51,7 +51,7 @@ class Dataset {
 
 namespace detail {
 
-// The counter-based hashes live in runtime/core/random.hpp; the datasets draw from them.
+// The counter-based hashes live in core/random.hpp; the datasets draw from them.
 using zero::hash_counters;
 using zero::mix64;
 

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <limits>
 
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero::models::data {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <type_traits>
 
-#include "runtime/core/cuda/checks.hpp"
-#include "runtime/core/error.hpp"
+#include "core/cuda/checks.hpp"
+#include "core/error.hpp"
 
 namespace zero::optim {
 

@@ -47,7 +47,7 @@
 #include <cstddef>
 
 #include "optim/adam.hpp"
-#include "runtime/core/dtype.hpp"
+#include "core/dtype.hpp"
 
 namespace zero::optim {
 

@@ -13,7 +13,7 @@
 #include "runtime/checkpoint/file_io.hpp"
 #include "runtime/checkpoint/layout.hpp"
 #include "runtime/checkpoint/rank_file.hpp"
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero::checkpoint {
 

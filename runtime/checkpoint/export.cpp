@@ -10,8 +10,8 @@
 #include "runtime/checkpoint/file_io.hpp"
 #include "runtime/checkpoint/pieces.hpp"
 #include "runtime/checkpoint/safetensors.hpp"
-#include "runtime/core/error.hpp"
-#include "runtime/core/log.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
 
 namespace zero::checkpoint {
 

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <system_error>
 
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero::checkpoint::io {
 

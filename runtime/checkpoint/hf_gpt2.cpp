@@ -10,7 +10,7 @@
 
 #include "runtime/checkpoint/file_io.hpp"
 #include "runtime/checkpoint/pieces.hpp"
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero::checkpoint {
 namespace {

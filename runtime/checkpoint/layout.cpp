@@ -11,7 +11,7 @@
 #include "runtime/checkpoint/crc32c.hpp"
 #include "runtime/checkpoint/file_io.hpp"
 #include "runtime/checkpoint/manifest.hpp"
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero::checkpoint::detail {
 

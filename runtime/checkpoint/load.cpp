@@ -15,8 +15,8 @@
 #include "runtime/checkpoint/manifest.hpp"
 #include "runtime/checkpoint/pieces.hpp"
 #include "runtime/checkpoint/rank_file.hpp"
-#include "runtime/core/error.hpp"
-#include "runtime/core/log.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
 
 namespace zero::checkpoint {
 

@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "runtime/checkpoint/file_io.hpp"
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero::checkpoint::detail {
 

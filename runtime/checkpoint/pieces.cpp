@@ -4,8 +4,8 @@
 #include <string_view>
 #include <unordered_set>
 
-#include "runtime/core/error.hpp"
-#include "runtime/core/unit.hpp"
+#include "core/error.hpp"
+#include "core/unit.hpp"
 
 namespace zero::checkpoint {
 

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "runtime/checkpoint/crc32c.hpp"
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero::checkpoint::detail {
 

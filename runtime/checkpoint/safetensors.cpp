@@ -12,8 +12,8 @@
 #include <set>
 
 #include "runtime/checkpoint/file_io.hpp"
-#include "runtime/core/dtype.hpp"
-#include "runtime/core/error.hpp"
+#include "core/dtype.hpp"
+#include "core/error.hpp"
 
 namespace zero::checkpoint {
 

@@ -19,7 +19,7 @@
 #include "runtime/checkpoint/manifest.hpp"
 #include "runtime/checkpoint/pieces.hpp"
 #include "runtime/checkpoint/rank_file.hpp"
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero::checkpoint {
 

@@ -79,7 +79,7 @@
 #include <vector>
 
 #include "models/gpt_shape.hpp"
-#include "runtime/core/device_kind.hpp"
+#include "core/device_kind.hpp"
 
 namespace zero::config {
 

@@ -2,7 +2,7 @@
 // ..." message, and the unknown-key check with its did-you-mean.
 #include "runtime/config/json_io.hpp"
 
-#include "runtime/core/ledger.hpp"  // parse_byte_size
+#include "core/ledger.hpp"  // parse_byte_size
 
 #include <algorithm>
 #include <cctype>

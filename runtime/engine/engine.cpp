@@ -14,8 +14,8 @@
 
 #include "optim/clip.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
-#include "runtime/core/log.hpp"
-#include "runtime/core/phase.hpp"
+#include "core/log.hpp"
+#include "core/phase.hpp"
 #include "optim/host_adam.hpp"
 #include "runtime/engine/state_kernels.hpp"
 

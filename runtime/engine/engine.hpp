@@ -65,7 +65,7 @@
 #include "offload/host_memory.hpp"
 #include "optim/adam.hpp"
 #include "optim/loss_scaler.hpp"
-#include "runtime/core/unit.hpp"
+#include "core/unit.hpp"
 #include "runtime/engine/partition.hpp"
 
 namespace zero {

@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/core/unit.hpp"
+#include "core/unit.hpp"
 
 namespace zero {
 

@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "optim/clip.hpp"
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace zero {
 

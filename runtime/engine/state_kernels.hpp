@@ -22,9 +22,9 @@
 
 #include "optim/adam.hpp"
 #include "optim/host_adam.hpp"
-#include "runtime/core/device.hpp"
-#include "runtime/core/dtype.hpp"
-#include "runtime/core/stream.hpp"
+#include "core/device.hpp"
+#include "core/dtype.hpp"
+#include "core/stream.hpp"
 
 namespace zero {
 

@@ -12,7 +12,7 @@
 #include "models/gpt.hpp"
 #include "models/ops.hpp"
 #include "runtime/checkpoint/safetensors.hpp"
-#include "runtime/core/device.hpp"
+#include "core/device.hpp"
 #include "tests/checkpoint/helpers.hpp"
 
 using namespace zero;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The watchdog end to end (zero-train; runtime/core/watchdog.hpp):
+# The watchdog end to end (zero-train; core/watchdog.hpp):
 #   stopped NP   a rank of a training job on NP ranks is stopped (SIGSTOP) after a checkpoint:
 #                the job must end with exit code 3 within the timeout plus a margin, with a report
 #                naming the stopped rank and its phase, no process left behind, and the last

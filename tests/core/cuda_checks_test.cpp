@@ -3,7 +3,7 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
-#include "runtime/core/cuda/checks.hpp"
+#include "core/cuda/checks.hpp"
 
 using Catch::Matchers::ContainsSubstring;
 

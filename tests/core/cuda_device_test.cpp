@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/core/cuda/outside_ledger.hpp"
-#include "runtime/core/device.hpp"
+#include "core/cuda/outside_ledger.hpp"
+#include "core/device.hpp"
 #include "tests/cuda_support.hpp"
 
 using Catch::Matchers::ContainsSubstring;

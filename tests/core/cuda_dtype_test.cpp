@@ -1,4 +1,4 @@
-// runtime/core/cuda/dtype_convert.cu: the device conversions agree bit for bit with the host's
+// core/cuda/dtype_convert.cu: the device conversions agree bit for bit with the host's
 // convert() (whose correctness dtype_test.cpp establishes), NaNs included. No tolerances: both
 // sides implement the same exactly specified rounding.
 // Without a CUDA device every test case reports Skipped, never passed.
@@ -12,10 +12,10 @@
 #include <random>
 #include <vector>
 
-#include "runtime/core/cuda/checks.hpp"
+#include "core/cuda/checks.hpp"
 #include "tests/cuda_support.hpp"
-#include "runtime/core/cuda/dtype_convert.hpp"
-#include "runtime/core/dtype.hpp"
+#include "core/cuda/dtype_convert.hpp"
+#include "core/dtype.hpp"
 
 // Not `using namespace zero`: cuda_fp16.h (through cublas_v2.h) declares a global ::half.
 using zero::convert;

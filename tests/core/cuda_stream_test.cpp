@@ -1,4 +1,4 @@
-// Tests of the cuda backend of stream.hpp (runtime/core/cuda/stream.cpp): the semantics of
+// Tests of the cuda backend of stream.hpp (core/cuda/stream.cpp): the semantics of
 // stream_test.cpp where they apply to CUDA, driven through launch_host() so no kernel is needed.
 // Without a CUDA device every test case reports Skipped, never passed.
 //
@@ -22,8 +22,8 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/core/cuda/stream.hpp"
-#include "runtime/core/error.hpp"
+#include "core/cuda/stream.hpp"
+#include "core/error.hpp"
 #include "tests/cuda_support.hpp"
 
 using Catch::Matchers::ContainsSubstring;

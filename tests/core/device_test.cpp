@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "runtime/core/device.hpp"
+#include "core/device.hpp"
 
 using Catch::Matchers::ContainsSubstring;
 using zero::MemCategory;

@@ -18,7 +18,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "runtime/core/dtype.hpp"
+#include "core/dtype.hpp"
 
 using namespace zero;
 

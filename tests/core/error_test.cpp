@@ -6,8 +6,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <string>
 
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 using Catch::Matchers::ContainsSubstring;
 
@@ -25,6 +26,11 @@ TEST_CASE("error: ZERO_CHECK_SYS names the call, errno's message, file and line"
     CHECK_THAT(e.what(), ContainsSubstring("system error: "));
     CHECK_THAT(e.what(), ContainsSubstring("at tests/core/error_test.cpp:" + std::to_string(line)));
   }
+  // A file compiled outside this checkout is named from its top-level folder on.
+  CHECK(std::string(zero::detail::short_path("/elsewhere/src/core/cuda/device.cpp")) ==
+        "core/cuda/device.cpp");
+  CHECK(std::string(zero::detail::short_path("/x/runtime/engine/engine.cpp")) ==
+        "runtime/engine/engine.cpp");
 }
 
 TEST_CASE("error: ZERO_CHECK_SYS accepts successful calls and pointer results") {

@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/core/ledger.hpp"
+#include "core/ledger.hpp"
 
 using Catch::Matchers::ContainsSubstring;
 using zero::MemCategory;

@@ -1,7 +1,7 @@
 // peak_flops.hpp: the MFU denominator, keyed by the driver's device name.
 #include <catch2/catch_test_macros.hpp>
 
-#include "runtime/core/peak_flops.hpp"
+#include "core/peak_flops.hpp"
 
 using zero::peak_dense_16bit_flops;
 

@@ -1,4 +1,4 @@
-// Tests of the cpu backend of stream.hpp (runtime/core/cpu_stream.cpp).
+// Tests of the cpu backend of stream.hpp (core/cpu_stream.cpp).
 //
 // Determinism: orderings are forced with Gates (latches the test opens) and checked through
 // event completion, never by sleeping. Where a test sleeps, the sleep only gives a wrong
@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/core/error.hpp"
-#include "runtime/core/stream.hpp"
+#include "core/error.hpp"
+#include "core/stream.hpp"
 
 using Catch::Matchers::ContainsSubstring;
 using Catch::Matchers::Equals;

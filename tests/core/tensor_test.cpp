@@ -1,5 +1,5 @@
 // Tensors: shapes, shared ownership tied to the ledger, views, type-checked access.
-#include "runtime/core/tensor.hpp"
+#include "core/tensor.hpp"
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>

@@ -1,6 +1,6 @@
 // The Unit contract's model-level helpers: counter-based initialisation, the parameter/Unit map
 // and the checkpoint plan.
-#include "runtime/core/unit.hpp"
+#include "core/unit.hpp"
 
 #include <catch2/catch_test_macros.hpp>
 

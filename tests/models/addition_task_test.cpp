@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 using Catch::Matchers::ContainsSubstring;
 using zero::models::data::AdditionOptions;

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "models/cpu/kernels.hpp"
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 namespace kern = zero::models::cpu;
 using Catch::Matchers::ContainsSubstring;

@@ -21,9 +21,9 @@
 
 #include "models/cpu/kernels.hpp"
 #include "models/ops.hpp"
-#include "runtime/core/device.hpp"
-#include "runtime/core/error.hpp"
-#include "runtime/core/tensor.hpp"
+#include "core/device.hpp"
+#include "core/error.hpp"
+#include "core/tensor.hpp"
 
 using namespace zero;
 namespace kern = zero::models::cpu;

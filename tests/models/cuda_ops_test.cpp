@@ -44,10 +44,10 @@
 
 #include "models/cuda/kernels.hpp"
 #include "models/ops.hpp"
-#include "runtime/core/device.hpp"
-#include "runtime/core/dtype.hpp"
-#include "runtime/core/error.hpp"
-#include "runtime/core/tensor.hpp"
+#include "core/device.hpp"
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "core/tensor.hpp"
 #include "tests/cuda_support.hpp"
 
 // Not `using namespace zero`: cuda_fp16.h (through cuda_support.hpp) declares a global ::half.

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "models/ops.hpp"
-#include "runtime/core/unit.hpp"
+#include "core/unit.hpp"
 
 namespace zero::test {
 

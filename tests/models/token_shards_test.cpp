@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 using Catch::Matchers::ContainsSubstring;
 using zero::models::data::kTokenShardMagic;

@@ -5,8 +5,8 @@
 #include <stdexcept>
 #include <thread>
 
-#include "runtime/core/error.hpp"
-#include "runtime/core/world.hpp"
+#include "core/error.hpp"
+#include "core/world.hpp"
 
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "throw";

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "collectives/bucketer.hpp"
-#include "runtime/core/device.hpp"
-#include "runtime/core/world.hpp"
+#include "core/device.hpp"
+#include "core/world.hpp"
 
 using namespace zero;
 using coll::AllGatherBucketer;

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "collectives/communicator.hpp"
-#include "runtime/core/device.hpp"
-#include "runtime/core/world.hpp"
+#include "core/device.hpp"
+#include "core/world.hpp"
 #include "tests/mpi/mpi_fixture.hpp"
 
 using namespace zero;

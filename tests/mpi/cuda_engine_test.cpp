@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "models/gpt.hpp"
-#include "runtime/core/mpi_check.hpp"
-#include "runtime/core/world.hpp"
+#include "core/mpi_check.hpp"
+#include "core/world.hpp"
 #include "runtime/engine/engine.hpp"
 #include "tests/checkpoint/helpers.hpp"
 #include "tests/mpi/mpi_fixture.hpp"

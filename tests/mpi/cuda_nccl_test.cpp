@@ -41,11 +41,11 @@
 #include "collectives/communicator.hpp"
 #include "collectives/cuda/reduce_kernel.hpp"
 #include "collectives/reduce_kernel.hpp"
-#include "runtime/core/cuda/checks.hpp"
-#include "runtime/core/cuda/outside_ledger.hpp"
-#include "runtime/core/cuda/stream.hpp"
-#include "runtime/core/device.hpp"
-#include "runtime/core/world.hpp"
+#include "core/cuda/checks.hpp"
+#include "core/cuda/outside_ledger.hpp"
+#include "core/cuda/stream.hpp"
+#include "core/device.hpp"
+#include "core/world.hpp"
 
 using namespace zero;
 using coll::ReduceOp;

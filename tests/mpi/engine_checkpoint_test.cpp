@@ -13,7 +13,7 @@
 #include <filesystem>
 
 #include "models/mlp.hpp"
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 #include "runtime/engine/engine.hpp"
 #include "tests/checkpoint/helpers.hpp"
 #include "tests/mpi/mpi_fixture.hpp"

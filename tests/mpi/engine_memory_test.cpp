@@ -8,7 +8,7 @@
 #include <map>
 
 #include "models/gpt.hpp"
-#include "runtime/core/world.hpp"
+#include "core/world.hpp"
 #include "runtime/engine/engine.hpp"
 #include "tests/mpi/mpi_fixture.hpp"
 

@@ -14,7 +14,7 @@
 
 #include "models/gpt.hpp"
 #include "models/mlp.hpp"
-#include "runtime/core/world.hpp"
+#include "core/world.hpp"
 #include "runtime/engine/engine.hpp"
 #include "tests/mpi/mpi_fixture.hpp"
 

@@ -23,8 +23,8 @@
 #include "collectives/communicator.hpp"
 #include "optim/clip.hpp"
 #include "optim/loss_scaler.hpp"
-#include "runtime/core/device.hpp"
-#include "runtime/core/world.hpp"
+#include "core/device.hpp"
+#include "core/world.hpp"
 #include "tests/mpi/mpi_fixture.hpp"
 
 using namespace zero;

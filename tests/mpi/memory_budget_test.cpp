@@ -14,8 +14,8 @@
 #include <string>
 
 #include "offload/memory_budget.hpp"
-#include "runtime/core/mpi_check.hpp"
-#include "runtime/core/world.hpp"
+#include "core/mpi_check.hpp"
+#include "core/world.hpp"
 
 using Catch::Matchers::ContainsSubstring;
 using zero::offload::memory_budget;

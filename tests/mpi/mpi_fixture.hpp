@@ -6,8 +6,8 @@
 #include <memory>
 
 #include "collectives/communicator.hpp"
-#include "runtime/core/device.hpp"
-#include "runtime/core/world.hpp"
+#include "core/device.hpp"
+#include "core/world.hpp"
 
 namespace zero::test {
 

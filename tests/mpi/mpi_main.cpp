@@ -3,7 +3,7 @@
 // every rank skipped everything, else 0.
 #include <catch2/catch_session.hpp>
 
-#include "runtime/core/world.hpp"
+#include "core/world.hpp"
 
 int main(int argc, char** argv) {
   zero::World& world = zero::World::init(&argc, &argv);

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "offload/thread_budget.hpp"
-#include "runtime/core/error.hpp"
-#include "runtime/core/mpi_check.hpp"
-#include "runtime/core/world.hpp"
+#include "core/error.hpp"
+#include "core/mpi_check.hpp"
+#include "core/world.hpp"
 
 using Catch::Matchers::ContainsSubstring;
 using zero::offload::divide_cores;

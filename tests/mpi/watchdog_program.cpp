@@ -1,5 +1,5 @@
 // Jobs in which one rank stops answering, or only looks as if it might: the watchdog
-// (runtime/core/watchdog.hpp) must end the first kind within its timeout, with a report naming
+// (core/watchdog.hpp) must end the first kind within its timeout, with a report naming
 // the rank and both sides' phases, and must leave the second kind alone.
 //   watchdog_program stop RANK TIMEOUT_S     RANK stops itself (SIGSTOP) while the others wait
 //                                            in a barrier: the job must end with exit code 3
@@ -20,9 +20,9 @@
 #include <string>
 #include <thread>
 
-#include "runtime/core/phase.hpp"
-#include "runtime/core/watchdog.hpp"
-#include "runtime/core/world.hpp"
+#include "core/phase.hpp"
+#include "core/watchdog.hpp"
+#include "core/world.hpp"
 
 int main(int argc, char** argv) {
   if (argc < 4) {

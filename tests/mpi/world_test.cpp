@@ -5,9 +5,9 @@
 #include <cstdlib>
 #include <vector>
 
-#include "runtime/core/error.hpp"
-#include "runtime/core/mpi_check.hpp"
-#include "runtime/core/world.hpp"
+#include "core/error.hpp"
+#include "core/mpi_check.hpp"
+#include "core/world.hpp"
 
 using Catch::Matchers::ContainsSubstring;
 

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "offload/copy_engine.hpp"
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 using Catch::Matchers::ContainsSubstring;
 using zero::MemCategory;

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "offload/host_memory.hpp"
-#include "runtime/core/cuda/checks.hpp"
-#include "runtime/core/error.hpp"
+#include "core/cuda/checks.hpp"
+#include "core/error.hpp"
 
 using Catch::Matchers::ContainsSubstring;
 using zero::MemCategory;

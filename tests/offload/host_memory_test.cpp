@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "offload/host_memory.hpp"
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 using Catch::Matchers::ContainsSubstring;
 using zero::MemCategory;

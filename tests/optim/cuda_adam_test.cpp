@@ -70,9 +70,9 @@
 #include "optim/adam.hpp"
 #include "optim/cuda/adam_kernel.hpp"
 #include "optim/host_adam.hpp"
-#include "runtime/core/cuda/checks.hpp"
+#include "core/cuda/checks.hpp"
 #include "tests/cuda_support.hpp"
-#include "runtime/core/dtype.hpp"
+#include "core/dtype.hpp"
 
 // Not `using namespace zero`: cuda_fp16.h (through cublas_v2.h) declares a global ::half.
 using zero::DType;

@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "optim/host_adam.hpp"
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 using namespace zero;
 using namespace zero::optim;

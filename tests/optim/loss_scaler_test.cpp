@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "optim/loss_scaler.hpp"
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 using namespace zero;
 using namespace zero::optim;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "optim/lr_schedule.hpp"
-#include "runtime/core/error.hpp"
+#include "core/error.hpp"
 
 using namespace zero;
 using namespace zero::optim;

@@ -9,9 +9,9 @@
 #include <type_traits>
 
 #include "optim/cuda/adam_kernel.hpp"
-#include "runtime/core/cuda/checks.hpp"
-#include "runtime/core/cuda/dtype_convert.hpp"
-#include "runtime/core/cuda/stream.hpp"
+#include "core/cuda/checks.hpp"
+#include "core/cuda/dtype_convert.hpp"
+#include "core/cuda/stream.hpp"
 #include "runtime/engine/state_kernels.hpp"
 
 namespace zero {

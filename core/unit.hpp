@@ -1,0 +1,132 @@
+// The Unit contract: how the engine drives a model without the model knowing about ZeRO.
+//
+// A Model is a table of parameters (ParamSpec: name, shape, type, weight decay, initialisation)
+// and an ordered list of Units (for a GPT: the embedding, each transformer block, the head).
+// A Unit names the parameters it uses (indices into the table; a parameter may be used by
+// several Units: the LM head is tied to the token embedding) and implements forward and
+// backward on tensors the engine hands it in a UnitContext. It never allocates, moves or keeps
+// parameters: the engine owns where they live and may hand different tensors to forward and
+// backward (stage 3 releases a Unit's parameters after forward and gathers them again).
+//
+// Per micro-batch the engine keeps one UnitContext per Unit:
+//   forward, Unit i:  ctx.params   the Unit's full parameters, in param_ids() order
+//                     ctx.input    Unit i-1's ctx.output (empty for the first Unit)
+//                     ctx.batch    token ids / features and targets of the micro-batch
+//                     -> the Unit sets ctx.output (all but the last Unit), ctx.state (whatever
+//                        its backward needs) and, for the last Unit, ctx.loss.
+//   backward, Unit i (last to first):
+//                     ctx.params   again (possibly other tensors with the same values)
+//                     ctx.grads    gradient tensors, same shapes, in param_ids() order; the Unit
+//                                  ADDS its contribution (+=), never overwrites: tied parameters
+//                                  and micro-batch accumulation both rely on this
+//                     ctx.grad_output  Unit i+1's ctx.grad_input (empty for the last Unit)
+//                     ctx.grad_scale   last Unit: the seed d(objective)/d(loss), for example
+//                                      loss scale / gradient accumulation steps
+//                     -> the Unit sets ctx.grad_input (the first Unit may leave it empty) and
+//                        may drop ctx.state.
+// Activation checkpointing (GPipe's re-materialisation): with ctx.checkpoint set, a Unit that
+// supports it keeps nothing from forward but its input (ctx.input, which the engine keeps) and
+// recomputes its forward inside backward. Gradients are bitwise the same either way.
+//
+// Work is enqueued on the model's compute stream (the one its kernels were built with); forward
+// and backward return without waiting for it. Activations are Tensors allocated on the device
+// under MemCategory::activations, so the ledger shows them, and freed when the last handle goes.
+//
+// Thread-safety: a Unit is driven by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/tensor.hpp"
+
+namespace zero {
+
+enum class ParamInit : uint8_t { zeros, ones, normal };
+
+struct ParamSpec {
+  std::string name;   // Hugging Face GPT-2 names for the GPT: "h.0.attn.c_attn.weight"
+  Shape shape;        // Hugging Face shapes too (Conv1D weights are [in, out])
+  ScalarType type = ScalarType::f32;  // working type of the parameter (and of its 16-bit copy)
+  bool weight_decay = true;           // AdamW applies decay to it (matrices: yes; biases, norms: no)
+  ParamInit init = ParamInit::normal;
+  float init_std = 0.02f;             // for ParamInit::normal: N(0, init_std^2)
+
+  int64_t numel() const noexcept { return shape.numel(); }
+};
+
+// Initial values of elements [begin, begin + count) of `spec` (row-major) for `seed`: a pure
+// function of (seed, spec.name, element index), so every rank and every world size, each
+// initialising only its own slice, gets the same model. Counter-based (no sequential RNG state).
+void init_param_values(const ParamSpec& spec, uint64_t seed, int64_t begin, int64_t count,
+                       float* out);
+
+// A micro-batch as the model reads it, on the model's device.
+struct Batch {
+  Tensor inputs;   // int32 token ids [B, T] (GPT), or fp32/fp64 features [B, D] (MLP)
+  Tensor targets;  // int32 [B, T] or [B]; -1 marks a position that does not count in the loss
+};
+
+// What a Unit keeps from forward for backward (Unit-defined).
+struct UnitState {
+  virtual ~UnitState() = default;
+};
+
+struct UnitContext {
+  std::vector<Tensor> params;  // set by the engine before forward and before backward
+  std::vector<Tensor> grads;   // set by the engine before backward
+  const Batch* batch = nullptr;
+  Tensor input;
+  Tensor output;
+  Tensor grad_output;
+  Tensor grad_input;
+  Tensor loss;                 // last Unit, forward: [1], mean loss of the micro-batch (fp32; fp64 with fp64 activations)
+  float grad_scale = 1.0f;     // last Unit, backward
+  bool checkpoint = false;     // recompute forward inside backward (if the Unit supports it)
+  std::unique_ptr<UnitState> state;
+};
+
+// For a checkpointable Unit's backward: the state its forward kept, or, when it kept none
+// (checkpointed), a fresh one that `recompute(state)` fills by running the forward again. A
+// recomputed state is held by `owned` for as long as the caller needs it.
+template <class S, class Recompute>
+S& saved_or_recomputed(UnitContext& ctx, std::unique_ptr<S>& owned, Recompute&& recompute) {
+  if (auto* s = dynamic_cast<S*>(ctx.state.get())) return *s;
+  owned = std::make_unique<S>();
+  recompute(*owned);
+  return *owned;
+}
+
+class Unit {
+ public:
+  virtual ~Unit() = default;
+  // "wte", "h.3", "head": for logs and error messages.
+  virtual const std::string& name() const noexcept = 0;
+  // Indices into Model::params of the parameters this Unit uses, in ctx.params/ctx.grads order.
+  virtual std::span<const int> param_ids() const noexcept = 0;
+  // Whether ctx.checkpoint has an effect (transformer blocks: yes; embedding, head: no).
+  virtual bool checkpointable() const noexcept { return false; }
+  virtual void forward(UnitContext& ctx) = 0;
+  virtual void backward(UnitContext& ctx) = 0;
+};
+
+struct Model {
+  std::string name;               // "gpt(tiny)", "mlp"
+  std::vector<ParamSpec> params;  // the parameter table, in the model's canonical order
+  std::vector<std::unique_ptr<Unit>> units;
+
+  int64_t parameter_count() const noexcept;
+  // For every parameter, the index of the first Unit in backward order (the lowest index) that
+  // uses it: its gradient is complete once that Unit's backward has run.
+  std::vector<int> last_gradient_unit() const;
+};
+
+// Which Units recompute their activations, from activation_checkpointing.number_checkpoints:
+// nullopt or 0 = none; k = k of the checkpointable Units, spread evenly over them (all of them
+// when k >= their number). One flag per Unit.
+std::vector<bool> checkpoint_plan(const Model& model, std::optional<long long> number_checkpoints);
+
+}  // namespace zero
