@@ -50,7 +50,7 @@
 // The communicator must be of the device's kind (NCCL for cuda).
 //
 // Threading: one thread drives an Engine. The compute stream and the communicator's stream are
-// ordered by events at every hand-off (see engine.cpp).
+// ordered by events at every hand-off (context.hpp; the pieces behind this class: engine_state.hpp).
 #pragma once
 
 #include <functional>

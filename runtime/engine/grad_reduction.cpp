@@ -1,0 +1,180 @@
+#include "runtime/engine/grad_reduction.hpp"
+
+namespace zero::engine {
+
+void GradReduction::allocate() {
+  const int G = x_.part.group_count();
+  const size_t Gs = static_cast<size_t>(G);
+  grad_full_.resize(Gs);
+  reducing_.resize(Gs);
+  grad_tmp_.resize(Gs);
+  const ScalarType st = scalar_type(x_.dtype);
+  for (int g = 0; g < G; ++g) {
+    const size_t gi = static_cast<size_t>(g);
+    const int64_t n = x_.part.group(g).padded_numel;
+    if (x_.o.stage <= 1)
+      grad_full_[gi] = Tensor::zeros(x_.dev, x_.compute, Shape{n}, st, MemCategory::gradients);
+    if (x_.fp32_full_sum()) {
+      if (grad_sum01_.empty()) grad_sum01_.resize(Gs);
+      grad_sum01_[gi] = Tensor::zeros(x_.dev, x_.compute, Shape{n}, ScalarType::f32, MemCategory::gradients);
+    }
+  }
+  if (x_.o.stage >= 2) grad_acc_type_ = x_.o.gradient_accumulation_steps > 1 ? DType::f32 : x_.dtype;
+  if (x_.o.stage >= 2 && !x_.off)
+    grad_acc_ = Tensor::zeros(x_.dev, x_.compute, Shape{x_.owned_total}, scalar_type(grad_acc_type_),
+                              MemCategory::gradients);
+}
+
+std::vector<Tensor> GradReduction::views(int unit) {
+  std::vector<Tensor> out;
+  for (int id : x_.model.units[static_cast<size_t>(unit)]->param_ids()) {
+    const int group = x_.part.location(id).group;
+    const size_t g = static_cast<size_t>(group);
+    if (x_.o.stage <= 1) {
+      out.push_back(x_.view(grad_full_[g], id));
+      continue;
+    }
+    // The group's gradient buffer exists from the first Unit (in backward order) that adds to it
+    // until the group's own Unit has run its backward and it is reduce-scattered.
+    if (!grad_tmp_[g]) {
+      const int64_t n = x_.part.group(group).padded_numel;
+      grad_tmp_[g] = pool_.take(x_.dev, n, scalar_type(x_.dtype));
+      // Zeroed on the compute stream: the buffer's previous users were a finished reduction
+      // (waited for) and compute work ahead of this in stream order.
+      x_.dev.fill_async(grad_tmp_[g].data(), 0, static_cast<size_t>(n) * x_.esize(), x_.compute);
+    }
+    out.push_back(x_.view(grad_tmp_[g], id));
+  }
+  return out;
+}
+
+void GradReduction::after_backward(int g, bool last) {
+  if (x_.o.stage >= 2) reduce_group_stage2(g, last);
+  if (!grad_sum01_.empty()) fold_group(g, last);
+  if (x_.o.stage <= 1 && last && x_.o.overlap_comm) start_reduce_full(g);
+}
+
+// Stage 0/1 with a 16-bit gradient and accumulation: add group g's gradient of this micro-batch
+// to the fp32 sum and clear it; after the last micro-batch put the sum, rounded once, back for
+// the reduction (started after the compute stream's point past all this). Enqueued on the
+// compute stream, after the Unit's backward.
+void GradReduction::fold_group(int g, bool last) {
+  const size_t gi = static_cast<size_t>(g);
+  Tensor& full = grad_full_[gi];
+  if (!full || full.numel() == 0) return;  // a group without parameters
+  float* sum = grad_sum01_[gi].data_as<float>();
+  const size_t n = static_cast<size_t>(full.numel());
+  x_.kern->accumulate(sum, full.data(), x_.dtype, n);
+  if (last) {
+    x_.kern->convert(sum, DType::f32, full.data(), x_.dtype, n);
+    x_.dev.fill_async(sum, 0, n * 4, x_.compute);
+  } else {
+    x_.dev.fill_async(full.data(), 0, full.bytes(), x_.compute);
+  }
+}
+
+// Stage 0/1: start group g's all-reduce / reduce-scatter in place, after the compute stream's
+// current point. finish() waits for it.
+void GradReduction::start_reduce_full(int g) {
+  const size_t gi = static_cast<size_t>(g);
+  const Partition::Group& grp = x_.part.group(g);
+  Tensor& full = grad_full_[gi];
+  reducing_[gi] = x_.post([&](Event* after) {
+    if (x_.o.stage == 0)
+      return x_.comm.all_reduce(full.data(), full.data(), static_cast<size_t>(grp.padded_numel),
+                                x_.dtype, coll::ReduceOp::sum, after);
+    return x_.comm.reduce_scatter(full.data(), x_.at(full, x_.owned_begin[gi], x_.esize()),
+                                  static_cast<size_t>(grp.shard_numel), x_.dtype, coll::ReduceOp::sum, after);
+  }, x_.compute_point());
+  if (!x_.o.overlap_comm) x_.wait_comm(reducing_[gi]);
+}
+
+// Stage 2/3: start the reduce-scatter after the compute stream's point (in place: the rank's
+// shard of the buffer receives the sum) and return: it runs on the communicator's stream while
+// backward goes on. finish_oldest_reduce() takes the result.
+void GradReduction::reduce_group_stage2(int g, bool last) {
+  Tensor& full = grad_tmp_[static_cast<size_t>(g)];
+  if (!full) return;  // no Unit added to it (a group of no parameters)
+  const Partition::Group& grp = x_.part.group(g);
+  while (!pending_.empty() && pending_elems_ + grp.padded_numel > x_.o.reduce_bucket_size) finish_oldest_reduce();
+  unsigned char* shard = x_.at(full, x_.owned_begin[static_cast<size_t>(g)], x_.esize());
+  coll::Work w = x_.post([&](Event* after) {
+    return x_.comm.reduce_scatter(full.data(), shard, static_cast<size_t>(grp.shard_numel), x_.dtype,
+                                  coll::ReduceOp::sum, after);
+  }, x_.compute_point());
+  pending_.push_back({g, std::move(w), std::move(full), last});
+  pending_elems_ += grp.padded_numel;
+  full = Tensor();
+  if (!x_.o.overlap_comm) finish_oldest_reduce();
+  // Take the reductions already done (in order) without waiting: their buffers go back to the
+  // pool and, with offload, their shards land now, so that the host works on them (AdamW
+  // included) while backward goes on, however large reduce_bucket_size is.
+  while (!pending_.empty() && pending_.front().work.test()) finish_oldest_reduce();
+}
+
+// Waits for the oldest reduce-scatter, keeps its shard (or adds it to the fp32 accumulator) and
+// frees the full buffer.
+void GradReduction::finish_oldest_reduce() {
+  PendingReduce r = std::move(pending_.front());
+  pending_.erase(pending_.begin());
+  pending_elems_ -= x_.part.group(r.group).padded_numel;
+  struct GiveBack {  // the buffer returns to the pool however this function ends
+    Pool& pool;
+    Tensor& t;
+    ~GiveBack() { pool.give(t); }
+  } give_back{pool_, r.full};
+  x_.wait_comm(r.work);
+  const size_t g = static_cast<size_t>(r.group);
+  const unsigned char* shard = x_.at(r.full, x_.owned_begin[g], x_.esize());
+  const size_t n = static_cast<size_t>(x_.part.group(r.group).shard_numel);
+  // The reduction has completed (waited for above); the compute stream reads the buffer after
+  // it goes back to the pool, which is safe: the pool's next user is the compute stream too
+  // (in stream order) or a collective that waits for the compute stream's current point.
+  if (x_.off) {
+    land(r.group, shard, r.last);
+  } else if (x_.o.gradient_accumulation_steps == 1) {  // keep the reduced shard as it is
+    x_.dev.copy_async(x_.at(grad_acc_, x_.owned_off[g], x_.esize()), shard, n * x_.esize(), x_.compute);
+  } else {
+    x_.kern->accumulate(grad_acc_.data_as<float>() + x_.owned_off[g], shard, x_.dtype, n);
+  }
+}
+
+void GradReduction::drain() {
+  while (!pending_.empty()) finish_oldest_reduce();
+}
+
+void GradReduction::finish() {
+  for (int g = 0; g < x_.part.group_count() && x_.o.stage <= 1; ++g) {
+    const size_t gi = static_cast<size_t>(g);
+    coll::Work& w = reducing_[gi];
+    if (!w.event() && !x_.o.overlap_comm) start_reduce_full(g);
+    x_.wait_comm(w);
+    if (x_.off) land(g, x_.at(grad_full_[gi], x_.owned_begin[gi], x_.esize()), true);
+  }
+}
+
+void GradReduction::clear() {
+  for (Tensor& t : grad_full_)
+    if (t) x_.dev.fill_async(t.data(), 0, t.bytes(), x_.compute);
+  if (grad_acc_) x_.dev.fill_async(grad_acc_.data(), 0, grad_acc_.bytes(), x_.compute);
+}
+
+const unsigned char* GradReduction::device_grad(int g) const {
+  const size_t gi = static_cast<size_t>(g);
+  if (x_.o.stage >= 2) return x_.at(grad_acc_, x_.owned_off[gi], size_of(grad_acc_type_));
+  return x_.at(grad_full_[gi], x_.owned_begin[gi], x_.esize());
+}
+
+void GradReduction::quiesce() noexcept {
+  for (coll::Work& w : reducing_) {
+    try { w.wait(); } catch (...) {}
+    w = coll::Work();
+  }
+  for (PendingReduce& r : pending_) {
+    try { r.work.wait(); } catch (...) {}
+  }
+  pending_.clear();
+  pending_elems_ = 0;
+}
+
+}  // namespace zero::engine

@@ -1,0 +1,100 @@
+// ZeRO-Offload's host side (EngineOptions::offload_optimizer): this rank's fp32 master, Adam's m
+// and v, and the reduced gradient shard live in host memory, and AdamW runs on the host.
+//
+// Each group's reduced shard lands (land(): copied down, e bytes per element, the host waiting
+// for the copy), and a host thread (`worker`) adds it to the fp32 accumulator (stage 2/3 with
+// accumulation) and, once it is final, takes its squared norm. AdamW runs on a second host
+// thread (`optimizer`, run_adam()), so that the last group's norm, which the step's all-reduce
+// waits for, never queues behind the AdamW of the groups before it. The updated working copy of
+// each group is written into `out` and goes up (copy_up()). Same arithmetic, same order as the
+// device path: the results are bitwise the same.
+//
+// The speculative host step keeps a second bank of master, m and v (state(g, k, true)): AdamW
+// run ahead writes it, and OptimizerStep flips which bank is current when it keeps the result.
+//
+// Host buffers are allocated from `memory()`, which outlives them (ParamResidency's offloaded
+// shards included: the engine declares this first).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "offload/copy_engine.hpp"
+#include "offload/host_memory.hpp"
+#include "runtime/engine/context.hpp"
+
+namespace zero::engine {
+
+class HostOffload {
+ public:
+  // Opens the host memory (pinned per `pin`), the copy engine and the two host threads.
+  HostOffload(Context& x, offload::PinPolicy pin);
+  ~HostOffload();
+
+  offload::HostMemory& memory() { return *host_; }
+  offload::CopyEngine& copies() { return *copies_; }
+
+  // The buffers for this rank's owned range (owned_total elements). With `second_bank` also the
+  // speculative step's second copy of master, m and v; returns false (with a warning) when host
+  // memory cannot hold it.
+  bool allocate(bool second_bank);
+
+  // Group g's reduced gradient shard of this micro-batch is complete at device pointer `shard`:
+  // bring it down and, on the worker thread, accumulate it and (last) take its squared norm.
+  void land(int g, const void* shard, bool last);
+  // Where this rank's reduced gradient of group g is on the host, and its type.
+  const unsigned char* grad(int g) const;
+  DType grad_type() const { return h_acc_ ? DType::f32 : x_.dtype; }
+  // The squared norm of group g's final gradient shard (after wait_norms()).
+  double partial_norm(int g) const { return partial_[static_cast<size_t>(g)]; }
+
+  // AdamW's fp32 state of group g's owned range: k = 0 master, 1 m, 2 v, in the first or the
+  // second bank.
+  float* state(int g, int k, bool second_bank) const;
+  // Group g's updated working copy (owned range, param_type) on its way up.
+  unsigned char* out(int g) const;
+  // Copies group g's updated working copy up to `dst` (device), waiting for the copy.
+  void copy_up(int g, void* dst, size_t bytes);
+
+  // Runs `adam` for group g on the optimizer thread (after g's landing when `after_landing`);
+  // wait_adam(g) waits for the last one.
+  void run_adam(int g, std::function<void()> adam, bool after_landing);
+  void wait_adam(int g) { wait_worker(*adam_done_[static_cast<size_t>(g)]); }
+  // Waits for the last landed group's norm.
+  void wait_norms() { wait_worker(*norms_done_); }
+  // Waits for both host threads.
+  void sync() {
+    worker_->synchronize();
+    optimizer_->synchronize();
+  }
+  void sync_counted();  // sync(), the wait counted as host AdamW not hidden
+  void quiesce() noexcept;
+  // Fresh accumulator for the next step.
+  void clear();
+
+  offload::CopyCounters counters() const { return copies_->counters(); }
+  std::string summary() const { return host_->summary(); }
+
+ private:
+  // The driving thread waiting for a host thread, counted as host AdamW not hidden
+  // (conservative: part of such a wait may be accumulation or a norm).
+  void wait_worker(Event& e);
+
+  Context& x_;
+  std::unique_ptr<offload::HostMemory> host_;  // outlives the buffers below
+  std::unique_ptr<offload::CopyEngine> copies_;
+  std::unique_ptr<Stream> worker_, optimizer_;  // cpu executors on either backend
+  std::vector<std::unique_ptr<Event>> adam_done_;  // per group, recorded on optimizer_
+  std::vector<std::unique_ptr<Event>> land_done_;  // per group: its landed shard was used
+  std::unique_ptr<Event> norms_done_;              // the last landed group's norm was taken
+  offload::HostBuffer h_land_;   // owned_total x e: this micro-batch's reduced shard, landed
+  offload::HostBuffer h_acc_;    // owned_total fp32: accumulator (stage 2/3, accumulation)
+  offload::HostBuffer h_out_;    // owned_total x e: AdamW's updated working copy, going up
+  offload::HostBuffer h_master_, h_m_, h_v_;     // owned_total fp32
+  offload::HostBuffer h_master2_, h_m2_, h_v2_;  // the speculative step's second bank
+  std::vector<double> partial_;  // per group: local squared norm of the final gradient shard
+};
+
+}  // namespace zero::engine

@@ -1,0 +1,169 @@
+// What the model state takes, from the partition and the options alone: the ZeRO paper's
+// formula per category (engine.hpp, expected_model_state), the offloaded part, the transient
+// buffers' bound, the check that refuses a model that cannot fit before allocating it, and the
+// start-up report.
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "runtime/engine/engine_state.hpp"
+
+namespace zero {
+
+Engine::ModelStateBytes Engine::State::device_state() const {
+  const size_t psi = static_cast<size_t>(x.part.padded_numel_total());
+  const size_t shard = static_cast<size_t>(x.part.shard_numel_total());
+  const size_t e = size_of(x.dtype);
+  const size_t owned = x.o.stage == 0 ? psi : shard;
+  ModelStateBytes b;
+  for (int g = 0; g < x.part.group_count(); ++g) {
+    const Partition::Group& grp = x.part.group(g);
+    const bool w = params.whole(g);
+    if (!w && x.off_param) continue;  // on the host
+    b.parameters += e * static_cast<size_t>(w ? grp.padded_numel : grp.shard_numel);
+  }
+  if (x.o.stage <= 1)
+    b.gradients = e * psi + (x.fp32_full_sum() ? 4 * psi : 0);  // + the fp32 sum, see above
+  else if (!x.off)
+    b.gradients = (x.o.gradient_accumulation_steps > 1 ? 4 : e) * shard;
+  if (!x.off) {
+    b.master = x.dtype == DType::f32 ? 0 : 4 * owned;
+    b.optimizer = 8 * owned;
+  }
+  return b;
+}
+
+Engine::ModelStateBytes Engine::State::host_state(bool second_bank) const {
+  ModelStateBytes b;
+  if (!x.off) return b;
+  const size_t owned = static_cast<size_t>(x.owned_total);
+  const size_t e = size_of(x.dtype);
+  b.parameters = e * owned;
+  for (int g = 0; g < x.part.group_count() && x.off_param; ++g)
+    if (!params.whole(g)) b.parameters += e * static_cast<size_t>(x.part.group(g).shard_numel);
+  b.gradients = e * owned + (x.host_fp32_acc() ? 4 * owned : 0);
+  const size_t banks = second_bank ? 2 : 1;  // the speculative step's second copy
+  b.master = 4 * owned * banks;
+  b.optimizer = 8 * owned * banks;
+  return b;
+}
+
+namespace {
+
+std::string state_text(const Engine::ModelStateBytes& b) {
+  return format_bytes(b.total()) + " (parameters " + format_bytes(b.parameters) + ", gradients " +
+         format_bytes(b.gradients) + ", master weights " + format_bytes(b.master) +
+         ", optimizer states " + format_bytes(b.optimizer) + ")";
+}
+
+}  // namespace
+
+// A model whose state cannot fit is refused here, before its first byte is allocated: filling
+// memory up to the limit first would take time and, where the limit is the machine's, push
+// other processes out. Activations and transient buffers come on top, so passing this check is
+// necessary, not sufficient; the ledger still refuses any allocation past a capacity.
+void Engine::State::check_fits() const {
+  const MemoryLedger& ledger = x.dev.ledger();
+  const ModelStateBytes d = device_state(), h = host_state(false);
+  const size_t dcap = ledger.capacity(MemSpace::device), hcap = ledger.capacity(MemSpace::host);
+  const size_t shared = ledger.shared_capacity();
+  const size_t dnow = ledger.current(MemSpace::device), hnow = ledger.current(MemSpace::host);
+  auto over = [](size_t now, size_t need, size_t cap) { return need > cap || now > cap - need; };
+  std::string what, hint;
+  if (over(dnow, d.total(), dcap)) {
+    what = "out of device memory on " + x.dev.name() + ": the model state needs " + state_text(d) +
+           " per rank, and " + format_bytes(dcap - std::min(dcap, dnow)) + " of the device's " +
+           format_bytes(dcap) + " are free";
+    hint = "use a higher ZeRO stage, more ranks, offload (offload_optimizer, offload_param), or a "
+           "larger zero_train.device_memory_limit";
+  } else if (over(hnow, h.total(), hcap)) {
+    what = "out of host memory on " + x.dev.name() + ": the offloaded model state needs " +
+           state_text(h) + " per rank, and " + format_bytes(hcap - std::min(hcap, hnow)) +
+           " of the host memory limit " + format_bytes(hcap) + " are free";
+    hint = "use more ranks (on more nodes), a smaller model, or a larger "
+           "zero_train.host_memory_limit if the host really has the memory";
+  } else if (shared != kUnlimited && over(dnow + hnow, d.total() + h.total(), shared)) {
+    what = "out of memory on " + x.dev.name() + ": the model state needs " + state_text(d) +
+           " of device memory" + (h.total() ? " and " + state_text(h) + " of host memory" : "") +
+           " per rank, and " + format_bytes(shared - std::min(shared, dnow + hnow)) + " of the " +
+           format_bytes(shared) + " that device and host memory share here are free";
+    hint = "on this device, device and host memory are the same RAM, so offloading makes no room: "
+           "use a higher ZeRO stage, more ranks on more nodes, a smaller model, or give the job "
+           "more memory (the container's or the batch system's memory limit)";
+  }
+  if (what.empty()) return;
+  throw OutOfMemory(what + " (checked before allocating any of it)\nHINT: " + hint + ".",
+                    ledger.snapshot());
+}
+
+Engine::ModelStateBytes Engine::expected_model_state() const { return s_->device_state(); }
+
+Engine::ModelStateBytes Engine::expected_host_state() const { return s_->host_state(s_->spec); }
+
+offload::CopyCounters Engine::offload_traffic() const {
+  return s_->host ? s_->host->counters() : offload::CopyCounters{};
+}
+
+// The pools hold, per size class s (groups of padded size s, `count` of them), as many buffers
+// as were ever in use at once:
+//   gradients (stage 2/3): the groups being added to (at most two: the Unit's own and the tied
+//     embedding's, held from the head's backward to the embedding's) plus those in reduction
+//     (total at most max(reduce_bucket_size, s) elements, so at most max(1, bucket / s) of s);
+//   parameters (stage 3): at most max_live_parameters elements gathered ahead, plus the current
+//     Unit's groups (gathered even past the bound).
+size_t Engine::transient_bound() const {
+  const State& s = *s_;
+  std::map<int64_t, int64_t> count;
+  int64_t unit_max = 0;
+  for (int g = 0; g < s.x.part.group_count(); ++g) ++count[s.x.part.group(g).padded_numel];
+  for (int u = 0; u < static_cast<int>(s.x.model.units.size()); ++u) {
+    int64_t n = 0;
+    for (int g : s.x.part.unit_groups(u)) n += s.x.part.group(g).padded_numel;
+    unit_max = std::max(unit_max, n);
+  }
+  size_t bytes = 0;
+  for (const auto& [size, n] : count) {
+    if (s.x.o.stage >= 2) {
+      const int64_t in_use = 2 + std::max<int64_t>(1, s.x.o.reduce_bucket_size / size);
+      bytes += static_cast<size_t>(size * std::min(n, in_use)) * s.x.esize();
+    }
+    if (s.x.o.stage == 3) {
+      const int64_t in_use = (std::min(s.x.o.max_live_parameters, int64_t{1} << 50) + unit_max) / size;
+      bytes += static_cast<size_t>(size * std::min(n, in_use)) * s.x.esize();
+    }
+  }
+  return bytes;
+}
+
+std::string Engine::memory_report() const {
+  const State& s = *s_;
+  const ModelStateBytes b = expected_model_state();
+  const LedgerSnapshot snap = s.x.dev.ledger().snapshot();
+  const double psi = static_cast<double>(s.x.model.parameter_count());
+  std::string out = "ZeRO stage " + std::to_string(s.x.o.stage) + ", " + std::to_string(s.x.world) +
+                    " rank(s), " + std::string(to_string(s.x.dtype)) + " parameters, " +
+                    std::to_string(s.x.model.parameter_count()) + " parameters (" +
+                    std::to_string(s.x.part.padded_numel_total()) + " padded)\n";
+  char line[400];
+  std::snprintf(line, sizeof line,
+                "model state per rank: expected %s = %.2f bytes/parameter (params %s, grads %s, "
+                "master %s, adam %s)\n",
+                format_bytes(b.total()).c_str(), static_cast<double>(b.total()) / psi,
+                format_bytes(b.parameters).c_str(), format_bytes(b.gradients).c_str(),
+                format_bytes(b.master).c_str(), format_bytes(b.optimizer).c_str());
+  out += line;
+  if (s.host) {
+    const ModelStateBytes h = expected_host_state();
+    std::snprintf(line, sizeof line,
+                  "offloaded to host memory: %s (params %s, grads %s, master %s, adam %s); %s\n",
+                  format_bytes(h.total()).c_str(), format_bytes(h.parameters).c_str(),
+                  format_bytes(h.gradients).c_str(), format_bytes(h.master).c_str(),
+                  format_bytes(h.optimizer).c_str(), s.host->summary().c_str());
+    out += line;
+  }
+  return out + snap.table();
+}
+
+
+}  // namespace zero

@@ -1,0 +1,234 @@
+#include "runtime/engine/optimizer_step.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <tuple>
+
+namespace zero::engine {
+
+namespace {
+
+// Bitwise equality of two AdamW steps' inputs (floats compared as bits: -0 != +0, NaN == NaN).
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+bool same_step(const optim::AdamStep& a, const optim::AdamParams& ha, const optim::AdamStep& b,
+               const optim::AdamParams& hb) {
+  return a.step == b.step && same_bits(a.lr, b.lr) && same_bits(a.grad_scale, b.grad_scale) &&
+         same_bits(ha.beta1, hb.beta1) && same_bits(ha.beta2, hb.beta2) &&
+         same_bits(ha.eps, hb.eps) && same_bits(ha.weight_decay, hb.weight_decay) &&
+         ha.adam_w_mode == hb.adam_w_mode && ha.bias_correction == hb.bias_correction;
+}
+
+}  // namespace
+
+OptimizerStep::OptimizerStep(Context& x, ParamResidency& params, GradReduction& grads, HostOffload* host)
+    : x_(x), params_(params), grads_(grads), host_(host) {}
+
+void OptimizerStep::allocate(bool speculative) {
+  spec_ = speculative;
+  const int G = x_.part.group_count();
+  if (!host_) {
+    const Shape owned{x_.owned_total};
+    if (x_.dtype != DType::f32)
+      master_ = Tensor::zeros(x_.dev, x_.compute, owned, ScalarType::f32, MemCategory::master_weights);
+    m_ = Tensor::zeros(x_.dev, x_.compute, owned, ScalarType::f32, MemCategory::optimizer_states);
+    v_ = Tensor::zeros(x_.dev, x_.compute, owned, ScalarType::f32, MemCategory::optimizer_states);
+  }
+  bank_.assign(static_cast<size_t>(G), 0);
+  norms_ = Tensor::zeros(x_.dev, x_.compute, Shape{G + 1}, ScalarType::f32, MemCategory::other);
+}
+
+float* OptimizerStep::state(int g, int k, bool other) const {
+  const size_t gi = static_cast<size_t>(g);
+  if (host_) return host_->state(g, k, spec_ && ((bank_[gi] != 0) != other));
+  const Tensor& t = k == 0 ? master_ : k == 1 ? m_ : v_;
+  return t ? t.data_as<float>() + x_.owned_off[gi] : nullptr;
+}
+
+void OptimizerStep::copy_state(void* dst, const void* src, size_t bytes) {
+  if (host_) std::memcpy(dst, src, bytes);
+  else x_.copy_now(dst, src, bytes);
+}
+
+optim::AdamStep OptimizerStep::adam_step(int64_t t, float grad_scale, optim::AdamParams& hp) const {
+  const double n = static_cast<double>(x_.world) * x_.o.gradient_accumulation_steps;
+  hp = x_.o.adam;
+  if (x_.o.betas) std::tie(hp.beta1, hp.beta2) = x_.o.betas(t);
+  return optim::AdamStep{t, x_.o.lr(t), static_cast<float>(grad_scale / n)};
+}
+
+void OptimizerStep::plan_speculation() {
+  speculating_ = spec_ && guess_next_;
+  if (!speculating_) return;
+  spec_as_ = adam_step(applied + 1, static_cast<float>(1.0 / loss_scale()), spec_hp_);
+}
+
+void OptimizerStep::landed(int g, bool last) {
+  if (!last || !speculating_) return;
+  // The group's gradient is final: its AdamW, ahead of the norm.
+  host_->run_adam(g, [this, g] { timed_adam(g, spec_as_, spec_hp_, true); }, true);
+  spec_order_.push_back(g);
+}
+
+optim::GlobalNorm OptimizerStep::global_norm(float local) {
+  if (x_.comm.kind() == DeviceKind::cpu) return optim::global_grad_norm(x_.comm, local);
+  float* scalar = norms_.data_as<float>() + x_.part.group_count();
+  x_.copy_now(scalar, &local, sizeof local);
+  x_.comm.all_reduce(scalar, scalar, 1, DType::f32, coll::ReduceOp::sum, x_.compute_point()).wait();
+  float sq = 0;
+  x_.copy_now(&sq, scalar, sizeof sq);
+  optim::GlobalNorm g;
+  g.squared = sq;
+  g.norm = std::sqrt(sq);
+  g.finite = std::isfinite(sq);
+  return g;
+}
+
+void OptimizerStep::timed_adam(int g, const optim::AdamStep& as, const optim::AdamParams& hp, bool ahead) {
+  const double t0 = now_seconds();
+  adam_group(g, as, hp, ahead);
+  x_.timers.adam_ns += static_cast<int64_t>((now_seconds() - t0) * 1e9);
+}
+
+// AdamW on this rank's owned range of group g, writing the fp32 master (or the fp32 working
+// parameters) and the working copy: in place on the device, or with offload into the host's
+// `out` (the host shard itself for an offloaded parameter shard). `ahead` (speculative host
+// step): from the current bank into the other one, and the working copy always into `out`, so
+// that nothing a later use reads changes before the boundary knows the step is applied (it then
+// flips the group's bank and, for an offloaded shard, copies `out` into it).
+void OptimizerStep::adam_group(int g, const optim::AdamStep& as, const optim::AdamParams& base, bool ahead) {
+  optim::AdamParams hp = base;
+  float* const p_in = state(g, 0);
+  float* const m_in = state(g, 1);
+  float* const v_in = state(g, 2);
+  float* const p_out = state(g, 0, ahead);
+  float* const m_out = state(g, 1, ahead);
+  float* const v_out = state(g, 2, ahead);
+  const size_t e = x_.esize();
+  for (const Partition::Piece& pc : x_.owned_pieces(g)) {
+    const bool decays = x_.o.weight_decay_all || x_.model.params[static_cast<size_t>(pc.param)].weight_decay;
+    hp.weight_decay = decays ? base.weight_decay : 0.0f;
+    const size_t k = static_cast<size_t>(pc.shard_offset);
+    unsigned char* working;
+    if (!host_ || (params_.shard_on_host(g) && !ahead))
+      working = params_.working(g, pc.shard_offset);
+    else
+      working = host_->out(g) + k * e;
+    float* p = p_in ? p_in + k : reinterpret_cast<float*>(working);
+    float* po = p_out ? p_out + k : p;
+    const bool copy16 = p_in && x_.dtype != DType::f32;
+    const unsigned char* gr = grad(g) + k * size_of(grad_type());
+    if (!host_) {  // device-resident state: in place, on the compute stream
+      x_.kern->adam(hp, as, p, m_in + k, v_in + k, gr, grad_type(), static_cast<size_t>(pc.count),
+                    copy16 ? working : nullptr, x_.dtype);
+      continue;
+    }
+    x_.adam->step_into(hp, as, p, m_in + k, v_in + k, po, m_out + k, v_out + k, gr, grad_type(),
+                       static_cast<size_t>(pc.count), copy16 ? working : nullptr, x_.dtype);
+    if (p_in && x_.dtype == DType::f32)  // offload with fp32 parameters: the copy going up
+      std::memcpy(working, po, static_cast<size_t>(pc.count) * 4);
+  }
+}
+
+StepStats OptimizerStep::apply(double loss) {
+  const int G = x_.part.group_count();
+  // Global norm: each rank's owned range (stage 0: all of it, identical on every rank, so no
+  // communication; otherwise the shards partition the gradient and one all-reduce sums them).
+  // Summed in group order either way (with offload the host thread took each group's part).
+  double local = 0;
+  if (host_) {
+    // Every group landed its final shard (a group without parameters never lands: its partial
+    // stays 0); the AdamW run ahead after the last one goes on during the all-reduce.
+    host_->wait_norms();
+    for (int g = 0; g < G; ++g) local += host_->partial_norm(g);
+  } else {
+    // Each group's squared norm on the compute stream (after the accumulation that made the
+    // gradient), the G results to the host in one copy.
+    float* dn = norms_.data_as<float>();
+    for (int g = 0; g < G; ++g)
+      x_.kern->squared_norm(grad(g), grad_type(), static_cast<size_t>(x_.owned_len(g)), dn + g);
+    std::vector<float> per_group(static_cast<size_t>(G));
+    x_.copy_now(per_group.data(), dn, per_group.size() * sizeof(float));
+    for (float v : per_group) local += v;
+  }
+  optim::GlobalNorm norm;
+  if (x_.o.stage == 0) {
+    norm.squared = static_cast<float>(local);
+    norm.norm = std::sqrt(norm.squared);
+    norm.finite = std::isfinite(norm.squared);
+  } else {
+    norm = global_norm(static_cast<float>(local));
+  }
+  // The gradients are sums over ranks and micro-batches of gradients of mean losses: the
+  // objective's gradient is that divided by n.
+  const double n = static_cast<double>(x_.world) * x_.o.gradient_accumulation_steps;
+  optim::GlobalNorm mean = norm;
+  mean.norm = static_cast<float>(norm.norm / n);
+  mean.squared = static_cast<float>(norm.squared / (n * n));
+  const optim::StepScale sc = scaler ? optim::prepare_step(*scaler, mean, x_.o.gradient_clipping)
+                                     : optim::fold_grad_scale(mean, 1.0, x_.o.gradient_clipping);
+  ++steps;
+  StepStats st;
+  st.step = steps;
+  st.loss = loss;
+  st.grad_norm = sc.grad_norm;
+  st.lr = x_.o.lr(applied + 1);  // the step about to be applied
+  st.loss_scale = sc.loss_scale;
+  st.next_loss_scale = loss_scale();
+  st.applied = sc.apply;
+  guess_next_ = sc.apply && sc.clip_coef == 1.0f;
+
+  optim::AdamParams hp;
+  const optim::AdamStep as = adam_step(applied + 1, sc.grad_scale, hp);
+  // The AdamW run ahead is this step exactly when every input of it is the same bits.
+  const bool keep = speculating_ && sc.apply && same_step(as, hp, spec_as_, spec_hp_);
+  if (speculating_) {
+    st.speculation = keep ? StepStats::Speculation::kept : StepStats::Speculation::dropped;
+    if (!keep) host_->sync_counted();  // its results are in the other bank, never read
+    speculating_ = false;
+  }
+  if (!sc.apply) return st;
+  ++applied;
+  // The order groups finish AdamW in: with the step kept, those that ran ahead (landing order),
+  // then the rest; else group order.
+  std::vector<int> order = keep ? spec_order_ : std::vector<int>{};
+  std::vector<bool> ahead(static_cast<size_t>(G), false);
+  for (int g : order) ahead[static_cast<size_t>(g)] = true;
+  for (int g = 0; g < G; ++g)
+    if (!ahead[static_cast<size_t>(g)]) order.push_back(g);
+  if (host_) {
+    // The host thread runs AdamW group by group; each group's updated working copy goes up as
+    // soon as its AdamW is done, then (whole groups) its all-gather starts, while the host
+    // thread works on the next groups.
+    for (int g : order)
+      if (!ahead[static_cast<size_t>(g)])
+        host_->run_adam(g, [this, g, as, hp] { timed_adam(g, as, hp, false); }, false);
+  }
+  for (int g : order) {
+    const size_t gi = static_cast<size_t>(g);
+    const size_t bytes = static_cast<size_t>(x_.owned_len(g)) * x_.esize();
+    if (!host_) {
+      adam_group(g, as, hp);
+    } else {
+      host_->wait_adam(g);
+      if (ahead[gi]) {  // keep it: the other bank is now the state
+        bank_[gi] ^= 1;
+        if (params_.shard_on_host(g))  // the shard's new working copy, from where it was written
+          std::memcpy(params_.working(g, 0), host_->out(g), bytes);
+      }
+      if (!params_.shard_on_host(g)) host_->copy_up(g, params_.working(g, 0), bytes);
+    }
+    // Every rank updated its shard of a whole group's working parameters: gather them in place,
+    // now, while AdamW goes on with the next groups; the next forward waits for it (use()).
+    // (Without offload AdamW wrote the shard on the compute stream: start after it.)
+    if (x_.o.stage >= 1 && params_.whole(g)) params_.gather_whole(g, host_ ? nullptr : x_.compute_point());
+  }
+  return st;
+}
+
+void OptimizerStep::state_replaced() {
+  std::fill(bank_.begin(), bank_.end(), 0);
+  guess_next_ = true;
+}
+
+}  // namespace zero::engine

@@ -1,0 +1,188 @@
+#include "runtime/engine/param_residency.hpp"
+
+#include <string>
+
+#include "core/error.hpp"
+
+namespace zero::engine {
+
+void ParamResidency::plan() {
+  const size_t G = static_cast<size_t>(x_.part.group_count());
+  whole_.resize(G);
+  for (size_t g = 0; g < G; ++g)
+    whole_[g] = x_.o.stage < 3 || x_.part.group(static_cast<int>(g)).padded_numel <= x_.o.param_persistence_threshold;
+  work_.resize(G);
+  gathered_.resize(G);
+  gathering_.resize(G);
+}
+
+void ParamResidency::allocate(offload::HostMemory* host, offload::CopyEngine* copies) {
+  copies_ = copies;
+  const ScalarType st = scalar_type(x_.dtype);
+  for (int g = 0; g < x_.part.group_count(); ++g) {
+    const Partition::Group& grp = x_.part.group(g);
+    const size_t gi = static_cast<size_t>(g);
+    if (shard_on_host(g)) {  // the shard lives on the host
+      h_shard_.push_back(host->allocate(static_cast<size_t>(grp.shard_numel) * x_.esize(), MemCategory::parameters));
+    } else {
+      h_shard_.emplace_back();
+      const int64_t n = whole_[gi] ? grp.padded_numel : grp.shard_numel;
+      work_[gi] = Tensor::zeros(x_.dev, x_.compute, Shape{n}, st, MemCategory::parameters);
+    }
+  }
+}
+
+unsigned char* ParamResidency::working(int g, int64_t k) {
+  const size_t gi = static_cast<size_t>(g);
+  if (shard_on_host(g)) return static_cast<unsigned char*>(h_shard_[gi].data()) + static_cast<size_t>(k) * x_.esize();
+  return x_.at(work_[gi], work_owned_begin(g) + k, x_.esize());
+}
+
+std::vector<Tensor> ParamResidency::views(int unit) const {
+  std::vector<Tensor> out;
+  for (int id : x_.model.units[static_cast<size_t>(unit)]->param_ids()) {
+    const int group = x_.part.location(id).group;
+    const size_t g = static_cast<size_t>(group);
+    const Tensor& base = whole_[g] ? work_[g] : gathered_[g];
+    ZERO_REQUIRE(base, "engine: group " + std::to_string(group) + " of " +
+                           x_.model.params[static_cast<size_t>(id)].name + " is not present for unit " +
+                           x_.model.units[static_cast<size_t>(unit)]->name());
+    out.push_back(x_.view(base, id));
+  }
+  return out;
+}
+
+// Stage 3: starts the all-gather of group g into a pooled full buffer unless it is whole,
+// present or in flight. Returns at once: it runs on the communicator's stream.
+void ParamResidency::gather_group(int g) {
+  const size_t gi = static_cast<size_t>(g);
+  if (present(g)) return;
+  const Partition::Group& grp = x_.part.group(g);
+  gathered_[gi] = pool_.take(x_.dev, grp.padded_numel, scalar_type(x_.dtype));
+  live_elems_ += grp.padded_numel;
+  // The collective (or the copy) starts after the compute stream's current point: the shard
+  // (work_[g]) is written there by the optimizer step's AdamW, and a freshly allocated buffer is
+  // ordered on the compute stream. The host runs at most one Unit ahead of the compute stream,
+  // so this waits for little.
+  Event* after = x_.compute_point();
+  const void* send = work_[gi].data();
+  if (x_.off_param) {
+    // The shard comes up from the host into its own place in the full buffer, and is gathered
+    // in place from there. The host waits for the copy: on cuda a DMA of 1/N of the group.
+    unsigned char* mine = x_.at(gathered_[gi], x_.owned_begin[gi], x_.esize());
+    const double t0 = now_seconds();
+    copies_->to_device(mine, h_shard_[gi], 0, static_cast<size_t>(grp.shard_numel) * x_.esize(), after).wait();
+    x_.timers.h2d += now_seconds() - t0;
+    send = mine;
+    after = nullptr;
+  }
+  gathering_[gi] = x_.post([&](Event* a) {
+    return x_.comm.all_gather(send, gathered_[gi].data(), static_cast<size_t>(grp.shard_numel), x_.dtype, a);
+  }, after);
+  if (!x_.o.overlap_comm) x_.wait_comm(gathering_[gi]);
+}
+
+// chain() makes the compute stream wait, not the host; with timers the host waits instead (the
+// compute stream is idle here anyway: the host is at most one Unit ahead) so the wait can be
+// measured.
+void ParamResidency::use(int unit) {
+  for (int g : x_.part.unit_groups(unit)) {
+    if (x_.o.stage == 3) gather_group(g);
+    coll::Work& w = gathering_[static_cast<size_t>(g)];
+    if (x_.o.timers) {
+      x_.wait_comm(w);
+    } else {
+      w.chain(x_.compute);
+      w = coll::Work();
+    }
+  }
+}
+
+// The window of groups ahead (present or not, whole groups aside) holds at most
+// prefetch_bucket_size elements or the next Unit's, and never more than max_live_parameters are
+// gathered at once. Stops at the first Unit that does not fit, so what is gathered ahead is
+// always a prefix of what comes next.
+void ParamResidency::prefetch(size_t from) {
+  if (x_.o.prefetch_bucket_size <= 0) return;
+  int64_t budget = x_.o.prefetch_bucket_size;
+  std::vector<bool> counted(gathered_.size(), false);
+  for (size_t q = from; q < order_.size(); ++q) {
+    int64_t size = 0, need = 0;
+    for (int g : x_.part.unit_groups(order_[q])) {
+      const size_t gi = static_cast<size_t>(g);
+      if (whole_[gi] || counted[gi]) continue;
+      size += x_.part.group(g).padded_numel;
+      if (!gathered_[gi]) need += x_.part.group(g).padded_numel;
+    }
+    // The next Unit is gathered ahead even when it alone is larger than the bucket: DeepSpeed
+    // would prefetch part of it, our unit of gathering is the whole group.
+    if ((size > budget && q != from) || live_elems_ + need > x_.o.max_live_parameters) return;
+    budget -= size;
+    for (int g : x_.part.unit_groups(order_[q])) {
+      counted[static_cast<size_t>(g)] = true;
+      gather_group(g);
+    }
+  }
+}
+
+// The next Unit's groups are "reused soon": the head's, between forward and backward. The views
+// the finished Unit was given own nothing and its ops may still be queued: wait for the compute
+// stream first (this is also the engine's one-Unit bound on how far the host runs ahead).
+void ParamResidency::release_after(size_t pos) {
+  x_.compute_point()->synchronize();
+  std::vector<bool> keep(gathered_.size(), false);
+  for (size_t q = pos + 1; q < order_.size(); ++q) {
+    bool all = true;
+    for (int g : x_.part.unit_groups(order_[q])) all = all && present(g);
+    if (!all) break;
+    for (int g : x_.part.unit_groups(order_[q])) keep[static_cast<size_t>(g)] = true;
+  }
+  for (size_t g = 0; g < gathered_.size(); ++g)
+    if (!keep[g] && gathered_[g]) {
+      x_.wait_comm(gathering_[g]);  // a prefetch nobody used (cannot happen in order; cheap if done)
+      live_elems_ -= x_.part.group(static_cast<int>(g)).padded_numel;
+      pool_.give(gathered_[g]);
+    }
+}
+
+void ParamResidency::release_all() {
+  x_.compute_point()->synchronize();
+  for (size_t g = 0; g < gathered_.size(); ++g)
+    if (gathered_[g]) {
+      x_.wait_comm(gathering_[g]);
+      live_elems_ -= x_.part.group(static_cast<int>(g)).padded_numel;
+      pool_.give(gathered_[g]);
+    }
+}
+
+void ParamResidency::gather_whole(int g, Event* after) {
+  const size_t gi = static_cast<size_t>(g);
+  const Partition::Group& grp = x_.part.group(g);
+  gathering_[gi] = x_.post([&](Event* a) {
+    return x_.comm.all_gather(x_.at(work_[gi], x_.owned_begin[gi], x_.esize()), work_[gi].data(),
+                              static_cast<size_t>(grp.shard_numel), x_.dtype, a);
+  }, after);
+  if (!x_.o.overlap_comm) x_.wait_comm(gathering_[gi]);
+}
+
+void ParamResidency::gather_whole_now() {
+  for (int g = 0; g < x_.part.group_count() && x_.o.stage >= 1; ++g) {
+    const size_t gi = static_cast<size_t>(g);
+    if (!whole_[gi]) continue;
+    x_.comm.all_gather(x_.at(work_[gi], x_.owned_begin[gi], x_.esize()), work_[gi].data(),
+                       static_cast<size_t>(x_.part.group(g).shard_numel), x_.dtype).wait();
+  }
+}
+
+void ParamResidency::wait_gathers() {
+  for (coll::Work& w : gathering_) w.wait();
+}
+
+void ParamResidency::quiesce() noexcept {
+  for (coll::Work& w : gathering_) {
+    try { w.wait(); } catch (...) {}
+    w = coll::Work();
+  }
+}
+
+}  // namespace zero::engine

@@ -1,0 +1,97 @@
+// The engine's set-up: the checks on its options, the pieces' state allocated in one order
+// (after check_fits said it fits), and the initial parameter values.
+#include <algorithm>
+#include <string>
+
+#include <tbb/parallel_for.h>
+
+#include "runtime/engine/engine_state.hpp"
+
+namespace zero {
+
+void check_engine_options(const EngineOptions& o) {
+  ZERO_REQUIRE(o.stage >= 0 && o.stage <= 3,
+               "engine: zero_optimization.stage must be 0, 1, 2 or 3, got " + std::to_string(o.stage));
+  ZERO_REQUIRE(o.gradient_accumulation_steps >= 1,
+               "engine: gradient_accumulation_steps must be >= 1, got " +
+                   std::to_string(o.gradient_accumulation_steps));
+  ZERO_REQUIRE(o.reduce_bucket_size >= 1,
+               "engine: zero_optimization.reduce_bucket_size must be >= 1 element, got " +
+                   std::to_string(o.reduce_bucket_size));
+  ZERO_REQUIRE(o.prefetch_bucket_size >= 0 && o.max_live_parameters >= 0 &&
+                   o.param_persistence_threshold >= 0,
+               "engine: zero_optimization.stage3_prefetch_bucket_size, stage3_max_live_parameters "
+               "and stage3_param_persistence_threshold must be >= 0");
+  ZERO_REQUIRE(to_dtype(o.param_type).has_value(),
+               "engine: parameters must be fp32, bf16 or fp16, got " +
+                   std::string(to_string(o.param_type)));
+  ZERO_REQUIRE(!o.offload_optimizer || o.stage >= 1,
+               "engine: zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3 (stage 0 "
+               "keeps the whole optimizer state on every rank): set zero_optimization.stage");
+  ZERO_REQUIRE(!o.offload_param || o.stage == 3,
+               "engine: zero_optimization.offload_param needs ZeRO stage 3 (only stage 3 "
+               "partitions the parameters): set zero_optimization.stage to 3");
+  ZERO_REQUIRE(!o.offload_param || o.offload_optimizer,
+               "engine: zero_optimization.offload_param needs offload_optimizer too (the host "
+               "optimizer writes the offloaded parameter shards): add offload_optimizer "
+               "{\"device\": \"cpu\"}");
+}
+
+namespace {
+
+// init_param_values over [begin, begin + count), in parallel chunks: each element's value is a
+// function of (seed, name, element) alone, so the chunking changes no bit, and a billion-parameter
+// model starts in seconds rather than minutes.
+void init_values(const ParamSpec& spec, uint64_t seed, int64_t begin, int64_t count, float* out) {
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  if (count <= kChunk) return init_param_values(spec, seed, begin, count, out);
+  tbb::parallel_for(int64_t{0}, (count + kChunk - 1) / kChunk, [&](int64_t c) {
+    const int64_t first = c * kChunk, n = std::min(kChunk, count - first);
+    init_param_values(spec, seed, begin + first, n, out + first);
+  });
+}
+
+}  // namespace
+
+void Engine::State::set_up() {
+  x.plan_owned();
+  params.plan();
+  check_fits();
+  params.allocate(host ? &host->memory() : nullptr, host ? &host->copies() : nullptr);
+  grads.allocate();
+  if (host) spec = host->allocate(spec);
+  opt->allocate(spec);
+  x.compute.synchronize();
+
+  // Initial values: a pure function of (seed, name, element), so every stage and world size
+  // starts from the same model. The working copy is the fp32 value rounded to the dtype.
+  const Model& model = x.model;
+  std::vector<float> vals;
+  for (int g = 0; g < x.part.group_count(); ++g) {
+    if (params.whole(g)) {  // the full working buffer, on every rank
+      for (int p : x.part.group(g).params) {
+        const Partition::Location& loc = x.part.location(p);
+        vals.resize(static_cast<size_t>(loc.numel));
+        init_values(model.params[static_cast<size_t>(p)], x.o.seed, 0, loc.numel, vals.data());
+        x.upload_as(x.at(params.work(g), loc.offset, x.esize()), x.dtype, vals.data(), loc.numel);
+      }
+    }
+    for (const Partition::Piece& pc : x.owned_pieces(g)) {
+      vals.resize(static_cast<size_t>(pc.count));
+      init_values(model.params[static_cast<size_t>(pc.param)], x.o.seed, pc.param_offset,
+                  pc.count, vals.data());
+      if (!params.whole(g))
+        x.upload_as(params.working(g, pc.shard_offset), x.dtype, vals.data(), pc.count, params.shard_on_host(g));
+      if (float* master = opt->state(g, 0))
+        opt->copy_state(master + pc.shard_offset, vals.data(), static_cast<size_t>(pc.count) * 4);
+    }
+  }
+
+  schedule = engine::local_schedule(static_cast<int>(model.units.size()), x.o.gradient_accumulation_steps);
+  if (x.o.stage == 3) {
+    params.set_order(engine::unit_order(schedule));
+    params.prefetch(0);  // the first step's first groups
+  }
+}
+
+}  // namespace zero
