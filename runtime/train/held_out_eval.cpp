@@ -1,4 +1,4 @@
-#include "runtime/held_out_eval.hpp"
+#include "runtime/train/held_out_eval.hpp"
 
 #include <algorithm>
 

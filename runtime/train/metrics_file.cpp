@@ -1,4 +1,4 @@
-#include "runtime/metrics_file.hpp"
+#include "runtime/train/metrics_file.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -56,8 +56,8 @@
 #include "core/world.hpp"
 #include "runtime/engine/engine.hpp"
 #include "runtime/engine/from_config.hpp"
-#include "runtime/held_out_eval.hpp"
-#include "runtime/metrics_file.hpp"
+#include "runtime/train/held_out_eval.hpp"
+#include "runtime/train/metrics_file.hpp"
 #include "runtime/engine/step_guard.hpp"
 
 namespace {
