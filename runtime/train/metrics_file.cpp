@@ -10,7 +10,7 @@
 
 #include "core/error.hpp"
 
-namespace zero {
+namespace zero::train {
 
 namespace {
 
@@ -100,4 +100,4 @@ void MetricsFile::close() {
   }
 }
 
-}  // namespace zero
+}  // namespace zero::train
