@@ -6,7 +6,7 @@
 #
 # Exact equality is the expectation, not luck: every chunk of micro-batch-many held-out sequences
 # is one forward pass over the same rows on any world size, and rank 0 adds the chunks' sums in
-# chunk order (runtime/held_out_eval.hpp), so no tolerance is needed.
+# chunk order (runtime/train/held_out_eval.hpp), so no tolerance is needed.
 # usage: eval_world_size.sh ZERO_TRAIN SOURCE_DIR WORK_DIR MPIRUN [MPIRUN ARGS...]
 set -euo pipefail
 zt=$1 src=$2 work=$3

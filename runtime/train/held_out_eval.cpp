@@ -1,4 +1,4 @@
-#include "runtime/held_out_eval.hpp"
+#include "runtime/train/held_out_eval.hpp"
 
 #include <algorithm>
 
@@ -6,7 +6,7 @@
 #include "core/error.hpp"
 #include "core/mpi_check.hpp"
 
-namespace zero {
+namespace zero::train {
 
 HeldOutResult evaluate_held_out(const HeldOutSet& set, int64_t count, int chunk, bool collective_forward,
                                 MPI_Comm comm, const EvalForward& forward) {
@@ -66,4 +66,4 @@ HeldOutResult evaluate_held_out(const HeldOutSet& set, int64_t count, int chunk,
   return r;
 }
 
-}  // namespace zero
+}  // namespace zero::train

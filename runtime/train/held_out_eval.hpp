@@ -22,7 +22,7 @@
 
 #include "models/data/dataset.hpp"
 
-namespace zero {
+namespace zero::train {
 
 struct HeldOutSet {
   int64_t size = 0;  // sequences in the whole set
@@ -53,4 +53,4 @@ using EvalForward = std::function<double(const models::data::TokenBatch& batch, 
 HeldOutResult evaluate_held_out(const HeldOutSet& set, int64_t count, int chunk, bool collective_forward,
                                 MPI_Comm comm, const EvalForward& forward);
 
-}  // namespace zero
+}  // namespace zero::train

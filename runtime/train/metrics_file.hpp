@@ -17,7 +17,7 @@
 #include <string>
 #include <string_view>
 
-namespace zero {
+namespace zero::train {
 
 class MetricsFile {
  public:
@@ -45,4 +45,4 @@ class MetricsFile {
   std::string path_;
 };
 
-}  // namespace zero
+}  // namespace zero::train

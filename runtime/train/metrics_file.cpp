@@ -1,4 +1,4 @@
-#include "runtime/metrics_file.hpp"
+#include "runtime/train/metrics_file.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -10,7 +10,7 @@
 
 #include "core/error.hpp"
 
-namespace zero {
+namespace zero::train {
 
 namespace {
 
@@ -100,4 +100,4 @@ void MetricsFile::close() {
   }
 }
 
-}  // namespace zero
+}  // namespace zero::train

@@ -1,0 +1,194 @@
+#include "runtime/train/run.hpp"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <system_error>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/ledger.hpp"
+#include "core/log.hpp"
+#include "core/mpi_check.hpp"
+#include "offload/memory_budget.hpp"
+#include "offload/thread_budget.hpp"
+#include "runtime/engine/from_config.hpp"
+#include "runtime/train/exit_codes.hpp"
+#include "runtime/train/rank_errors.hpp"
+
+namespace zero::train {
+namespace {
+
+// The data, checked on every rank before anything is allocated, then the metrics file (rank 0
+// writes it; every rank learns the outcome). 0 or kExitUsage.
+int open_data_and_metrics(Run& run) {
+  World& world = run.world;
+  const Flags& flags = run.flags;
+  if (!on_all_ranks(world, data_source(flags), [&] { open_data(run.data, flags, run.c); }))
+    return kExitUsage;
+  if ((flags.eval_interval > 0 || flags.eval_only) && !run.data.has_eval()) {
+    if (world.is_root())
+      std::fprintf(stderr, "zero-train: error: %s with --data needs --eval-data PATTERN (held-out "
+                           "token shards)\n", flags.eval_only ? "--eval-only" : "--eval-interval");
+    return kExitUsage;
+  }
+
+  std::string metrics_path = flags.metrics;
+  if (metrics_path.empty())
+    metrics_path = flags.checkpoint_dir.empty() ? "zero-train-metrics.jsonl" : flags.checkpoint_dir + "/metrics.jsonl";
+  if (!on_all_ranks(world, "--metrics", [&] {
+        if (!world.is_root()) return;
+        if (!flags.checkpoint_dir.empty()) {
+          std::error_code ec;
+          std::filesystem::create_directories(flags.checkpoint_dir, ec);
+        }
+        run.metrics = MetricsFile::open(metrics_path);
+      }))
+    return kExitUsage;
+  return 0;
+}
+
+// The first lines of the start-up report: the run, and what decides its speed and its bits.
+void report_run(const Run& run, DeviceKind kind, const offload::ThreadBudget& budget) {
+  const config::Config& c = run.c;
+  const EngineOptions& o = run.options;
+  const models::GptShape& shape = run.shape;
+  char line[1024];
+  std::snprintf(line, sizeof line,
+                "zero-train: %s, GPT%s (%d layers, hidden %d, %d heads, vocabulary %d), %lld "
+                "parameters\nzero-train: %d rank(s) on %s, ZeRO stage %d%s%s, %s, batch %lld = "
+                "%d per rank x %d accumulation x %d ranks, %lld steps, seed %lld\ndata: %s, %d "
+                "tokens per sequence",
+                run.flags.config.c_str(), c.ours.model_preset.empty() ? "" : (" " + c.ours.model_preset).c_str(),
+                shape.n_layer, shape.n_embd, shape.n_head, shape.vocab_size,
+                static_cast<long long>(run.model->parameter_count()), run.W, run.device->name().c_str(), o.stage,
+                o.offload_optimizer ? ", optimizer offloaded to host memory" : "",
+                o.offload_param ? ", parameters offloaded" : "",
+                std::string(to_string(o.param_type)).c_str(), c.batch.train_batch_size, run.B, run.GA, run.W,
+                run.steps, c.seed, run.data.describe().c_str(), run.T);
+  log::info(line);
+  log::info(budget.explanation);
+  // What decides whether another machine reproduces this run's losses bit for bit.
+  if (kind == DeviceKind::cpu)
+    log::info("cpu kernels: " + models::cpu_blas_description() +
+              " (runs match bit for bit only on the same kernels; OPENBLAS_CORETYPE "
+              "picks them: docs/training.md)");
+}
+
+// Every rank's model state and memory in use (shards differ by rank when the model does not
+// divide evenly, and stage 0 saves from rank 0 alone): one row per rank (collective).
+void report_memory_per_rank(Run& run) {
+  World& world = run.world;
+  const int W = run.W;
+  const LedgerSnapshot snap = run.device->ledger().snapshot();
+  const double mine[4] = {static_cast<double>(snap.total[0].current), static_cast<double>(snap.total[0].peak),
+                          static_cast<double>(snap.total[1].current), static_cast<double>(snap.total[1].peak)};
+  std::vector<double> all(static_cast<size_t>(4 * W));
+  ZERO_CHECK_MPI(MPI_Gather(mine, 4, MPI_DOUBLE, all.data(), 4, MPI_DOUBLE, 0, world.comm()));
+  if (world.is_root() && W > 1) {
+    char line[1024];
+    std::string t = "memory per rank (ledger totals)\n  rank   device now  device peak     host now    host peak\n";
+    for (int r = 0; r < W; ++r) {
+      std::snprintf(line, sizeof line, "  %4d %12s %12s %12s %12s\n", r,
+                    format_bytes(static_cast<size_t>(all[4 * r])).c_str(), format_bytes(static_cast<size_t>(all[4 * r + 1])).c_str(),
+                    format_bytes(static_cast<size_t>(all[4 * r + 2])).c_str(), format_bytes(static_cast<size_t>(all[4 * r + 3])).c_str());
+      t += line;
+    }
+    t.pop_back();
+    log::info(t);
+  }
+}
+
+}  // namespace
+
+bool Run::write_metrics(const std::string& text) {
+  return on_all_ranks(world, "--metrics", [&] {
+    if (metrics) metrics->append(text);
+  });
+}
+
+int set_up_run(Run& run) {
+  World& world = run.world;
+  const config::Config& c = run.c;
+  run.watchdog.emplace(world, WatchdogOptions{.timeout_s = c.ours.watchdog_timeout, .exit_code = kExitLost});
+  if (const int rc = open_data_and_metrics(run); rc != 0) return rc;
+
+  // This rank's share of the memory it really has (physical RAM, the container's or the batch
+  // job's cgroup limit): the default limits, so that a model too large for it is the ledger's
+  // clear error at start-up, not the kernel's OOM killer in the middle of a run (collective).
+  const offload::MemoryBudget memory = offload::memory_budget(world.comm());
+  // One GPU per rank: a rank takes the GPU of its index among its host's ranks (NCCL refuses two
+  // ranks on one GPU). "auto": cuda when every rank has a GPU of its own, else cpu (agreed by
+  // all ranks: the backends' collectives do not mix).
+  const int gpus = cuda_device_count();
+  const bool gpu_each = gpus > 0 && world.local_size() <= gpus;
+  const bool all_gpu = !world.any(!gpu_each);
+  const DeviceKind kind = c.ours.device.value_or(all_gpu ? DeviceKind::cuda : DeviceKind::cpu);
+  if (!c.ours.device && !all_gpu && gpus > 0 && world.is_root())
+    log::info("zero-train: zero_train.device \"auto\": " + std::to_string(world.local_size()) +
+              " ranks on this host and " + std::to_string(gpus) + " GPU(s), so the run is on the cpu "
+              "backend (one GPU per rank is needed for cuda)");
+  // The config's limits win; the budget fills in the rest (on cpu device and host memory are the
+  // same RAM and share it: offload/memory_budget.hpp).
+  std::vector<std::string> memory_warnings;
+  const DeviceOptions dopt = offload::device_options(kind, static_cast<size_t>(c.ours.device_memory_limit),
+                                                     static_cast<size_t>(c.ours.host_memory_limit), memory,
+                                                     &memory_warnings);
+  if (!on_all_ranks(world, std::string("zero_train.device \"") + std::string(to_string(kind)) + "\"", [&] {
+        int index = 0;
+        if (kind == DeviceKind::cuda) {
+          if (gpus == 0)
+            ZERO_FAIL("no GPU is visible on this host (or the cuda backend is not built)\nHINT: check "
+                      "nvidia-smi and CUDA_VISIBLE_DEVICES, or set zero_train.device (--device) to \"cpu\"");
+          if (world.local_size() > gpus)
+            ZERO_FAIL(std::to_string(world.local_size()) + " ranks on this host but " + std::to_string(gpus) +
+                      " GPU(s): one GPU per rank\nHINT: launch at most " + std::to_string(gpus) +
+                      " ranks per host (mpirun --map-by ppr:" + std::to_string(gpus) + ":node)");
+          index = world.local_rank();
+        }
+        run.device = make_device(kind, index, dopt);
+        run.comm = coll::make_communicator(world.comm(), *run.device);
+        if (kind != DeviceKind::cpu) run.mpi_comm = coll::make_mpi_communicator(world.comm(), *run.device);
+      }))
+    return kExitFailure;
+  Device& device = *run.device;
+  run.stream = device.create_stream("compute");
+  // Device memory from here on is ordered on the compute stream (cuda: cudaMallocAsync): freeing
+  // an activation neither waits nor synchronises the GPU.
+  device.set_allocation_stream(run.stream.get());
+  run.allocation_stream_guard.device = &device;
+  run.ops = models::make_ops(device, *run.stream);
+  EngineOptions& o = run.options;
+  o = engine_options(c);
+  // The host AdamW's threads: the node's cores shared among its ranks (collective).
+  const offload::ThreadBudget budget = offload::host_thread_budget(world.comm());
+  o.host_threads = budget.threads;
+  // Activations: fp32 on cpu (its kernels read 16-bit parameters as fp32); on cuda the
+  // parameters' type (its kernels compute in fp32 on 16-bit storage of one type).
+  const ScalarType act = kind == DeviceKind::cpu ? ScalarType::f32 : o.param_type;
+  run.model.emplace(models::make_gpt({run.shape, o.param_type, act}, *run.ops));
+  run.W = world.size();
+  run.B = static_cast<int>(c.batch.train_micro_batch_size_per_gpu);
+  run.GA = o.gradient_accumulation_steps;
+  run.T = run.data.seq_len;
+  run.steps = c.ours.steps;
+
+  report_run(run, kind, budget);
+  // The budget before the engine allocates the model state, so that a model that does not fit
+  // is reported after it.
+  log::info(memory.explanation + (kind == DeviceKind::cpu && dopt.shared_memory_limit > 0
+                                      ? " (device and host memory share it on the cpu backend)"
+                                      : ""));
+  for (const std::string& w : memory_warnings) log::warn(w);
+  if (!on_all_ranks(world, "the model does not fit", [&] {
+        run.engine = std::make_unique<Engine>(*run.model, device, *run.stream, *run.comm, o);
+      }))
+    return kExitFailure;
+
+  log::info(run.engine->memory_report());
+  report_memory_per_rank(run);
+  return 0;
+}
+
+}  // namespace zero::train
