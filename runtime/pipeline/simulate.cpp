@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <deque>
 
 #include "core/error.hpp"
 
@@ -31,6 +30,14 @@ namespace {
 struct Message {
   int micro;
   double arrival;
+  double taken = -1;  // when the receive completed; -1 until then
+};
+
+// One direction between two neighbours: every message sent, and the next one to receive.
+struct Channel {
+  std::vector<Message> sent;
+  size_t next = 0;
+  bool empty() const { return next == sent.size(); }
 };
 
 // In-flight counters of one stage, with their peaks.
@@ -62,19 +69,24 @@ std::string Simulation::failure() const {
   for (const std::string& m : mismatches) out += m + "\n";
   if (deadlocked) {
     out += "deadlock: no stage can go on\n";
-    for (const Blocked& b : blocked)
-      out += "  " + where(b.stage, b.index, b.in) + " waits for a message never sent\n";
+    for (const Blocked& b : blocked) {
+      const bool send = b.in.op == Op::send_activation || b.in.op == Op::send_gradient;
+      out += "  " + where(b.stage, b.index, b.in) +
+             (send ? " waits for a receive never reached\n" : " waits for a message never sent\n");
+    }
   }
   return out;
 }
 
-Simulation simulate(const std::vector<Stage>& lists, const Costs& costs) {
+Simulation simulate(const std::vector<Stage>& lists, const Costs& costs, Sends sends) {
   const int p = static_cast<int>(lists.size());
   ZERO_REQUIRE(p >= 1, "pipeline simulate: no stages");
   Simulation sim;
   sim.stages.resize(static_cast<size_t>(p));
   // act[s]: activations from s to s+1; grad[s]: gradients from s+1 to s.
-  std::vector<std::deque<Message>> act(static_cast<size_t>(p)), grad(static_cast<size_t>(p));
+  std::vector<Channel> act(static_cast<size_t>(p)), grad(static_cast<size_t>(p));
+  // With synchronous sends: the message a stage waits on at its current send (-1: none posted).
+  std::vector<long> posted(static_cast<size_t>(p), -1);
   std::vector<size_t> pos(static_cast<size_t>(p), 0);
   std::vector<double> clock(static_cast<size_t>(p), 0);
   std::vector<Held> held(static_cast<size_t>(p));
@@ -98,7 +110,19 @@ Simulation simulate(const std::vector<Stage>& lists, const Costs& costs) {
                                      std::to_string(to) + " to send to");
             return false;
           }
-          (fwd ? act[su] : grad[static_cast<size_t>(to)]).push_back({in.micro, t + costs.comm});
+          Channel& ch = fwd ? act[su] : grad[static_cast<size_t>(to)];
+          if (sends == Sends::asynchronous) {
+            ch.sent.push_back({in.micro, t + costs.comm});
+            break;
+          }
+          if (posted[su] < 0) {
+            posted[su] = static_cast<long>(ch.sent.size());
+            ch.sent.push_back({in.micro, t + costs.comm});
+          }
+          const Message& msg = ch.sent[static_cast<size_t>(posted[su])];
+          if (msg.taken < 0) return true;  // waits for the receiver
+          end = msg.taken;
+          posted[su] = -1;
           break;
         }
         case Op::recv_activation:
@@ -110,17 +134,20 @@ Simulation simulate(const std::vector<Stage>& lists, const Costs& costs) {
                                      std::to_string(from) + " to receive from");
             return false;
           }
-          std::deque<Message>& q = fwd ? act[static_cast<size_t>(from)] : grad[su];
+          Channel& q = fwd ? act[static_cast<size_t>(from)] : grad[su];
           if (q.empty()) return true;  // waits
-          if (q.front().micro != in.micro) {
+          Message& msg = q.sent[q.next];
+          if (msg.micro != in.micro) {
             sim.mismatches.push_back(
                 where(s, pos[su], in) + ": the next " + (fwd ? "activation" : "gradient") +
                 " stage " + std::to_string(from) + " sends is for micro-batch " +
-                std::to_string(q.front().micro) + " (sends and receives pair in order)");
+                std::to_string(msg.micro) + " (sends and receives pair in order)");
             return false;
           }
-          end = std::max(t, q.front().arrival);
-          q.pop_front();
+          end = std::max(t, msg.arrival);
+          msg.taken = end;
+          ++q.next;
+          progressed = true;  // its sender may go on
           break;
         }
         default: {
@@ -157,11 +184,13 @@ Simulation simulate(const std::vector<Stage>& lists, const Costs& costs) {
 
   for (int s = 0; s < p; ++s) {
     const auto su = static_cast<size_t>(s);
-    auto leftover = [&](const std::deque<Message>& q, int from, int to, const char* what) {
-      for (const Message& m : q)
+    auto leftover = [&](const Channel& q, int from, int to, const char* what) {
+      for (size_t i = q.next; i < q.sent.size(); ++i) {
+        const Message& m = q.sent[i];
         sim.mismatches.push_back("stage " + std::to_string(from) + " sends the " + what +
                                  " of micro-batch " + std::to_string(m.micro) + " that stage " +
                                  std::to_string(to) + " never receives");
+      }
     };
     leftover(act[su], s, s + 1, "activation");
     leftover(grad[su], s + 1, s, "gradient");

@@ -1,9 +1,9 @@
 // A discrete-event simulator of one step of a pipeline schedule: the p stages' instruction lists
 // run as p processes with given pass costs, and neighbours exchange tensors by matched messages.
 //
-// The communication model is the executor's: a send is posted and the stage goes on (isend;
-// the message arrives `comm` time units later); a receive waits until the matching message has
-// arrived (irecv posted early, waited on at that point of the list). Sends and receives pair in
+// The communication model is by default the executor's: a send is posted and the stage goes on
+// (isend; the message arrives `comm` time units later); a receive waits until the matching
+// message has arrived (irecv posted early, waited on at that point of the list). Sends and receives pair in
 // order on each (sender, receiver, activation|gradient) channel, as MPI's non-overtaking rule
 // pairs them for one tag. So a deadlock here is a cycle of receives, which no asynchrony in the
 // executor can break.
@@ -52,7 +52,8 @@ struct StageReport {
   int peak_in_flight = 0;       // forward done, W (or joint backward) not yet: the two together
 };
 
-// A stage that cannot go on: it waits at `index` of its list for a message never sent.
+// A stage that cannot go on: it waits at `index` of its list, at a receive for a message never
+// sent (or, with synchronous sends, at a send for a receive never reached).
 struct Blocked {
   int stage;
   size_t index;
@@ -74,7 +75,13 @@ struct Simulation {
   std::string failure() const;
 };
 
-Simulation simulate(const std::vector<Stage>& stages, const Costs& costs = {});
+// How a send behaves. asynchronous: posted and the stage goes on (the executor's isend; the
+// default). synchronous: the stage waits until the receiver has taken the message (MPI_Ssend,
+// or a large MPI_Send under the rendezvous protocol): for showing which lists need asynchrony.
+enum class Sends { asynchronous, synchronous };
+
+Simulation simulate(const std::vector<Stage>& stages, const Costs& costs = {},
+                    Sends sends = Sends::asynchronous);
 
 // A text picture of the timelines, one row per stage, `slot` time units per cell (4 characters:
 // the pass and its micro-batch, "." idle). For docs and failing tests; passes shorter than a
