@@ -253,6 +253,18 @@ TEST_CASE("schedule: planted bugs are caught by the check and the simulator") {
     std::iter_swap(f, b);
     CHECK_THAT(joined(check_schedules(l, 4)), ContainsSubstring("stage 1, micro-batch 0: backward before forward"));
   }
+  SECTION("W before its B; a receive far from the pass that needs it") {
+    std::vector<Stage> l = all_stages(zb_h1, 2, 4);
+    auto b = std::find(l[0].begin(), l[0].end(), Instruction{Op::backward_input, 2});
+    auto w = std::find(l[0].begin(), l[0].end(), Instruction{Op::backward_weight, 2});
+    std::iter_swap(b, w);
+    auto r = std::find(l[1].begin(), l[1].end(), Instruction{Op::recv_activation, 3});
+    l[1].erase(r);
+    l[1].insert(l[1].begin(), Instruction{Op::recv_activation, 3});
+    const std::string p = joined(check_schedules(l, 4));
+    CHECK_THAT(p, ContainsSubstring("stage 0, micro-batch 2: W before B"));
+    CHECK_THAT(p, ContainsSubstring("stage 1 instruction 0 (recv_act3): the next pass is not this micro-batch's F"));
+  }
   SECTION("a W dropped, a forward duplicated") {
     std::vector<Stage> l = all_stages(zb_h1, 3, 4);
     l[2].erase(std::find(l[2].begin(), l[2].end(), Instruction{Op::backward_weight, 3}));
