@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <tuple>
 
 #include "core/error.hpp"
 #include "runtime/pipeline/check.hpp"
