@@ -169,6 +169,10 @@ TEST_CASE("stage partition: balanced cuts fill earlier stages first among the mo
   const std::vector<int64_t> heavy_first{10, 1, 1, 1, 1, 1, 1};
   CHECK(cut_balanced(heavy_first, 3).bounds == std::vector<int>{0, 1, 4, 7});
   CHECK(cut_balanced(heavy_first, 2).bounds == std::vector<int>{0, 1, 7});
+  // Where DeepSpeed's current balancer (least max - min spread) cuts 29 + 29 + 38, the minimax
+  // is 37 (docs/pipeline.md, "Stages").
+  const std::vector<int64_t> spread_trap{9, 20, 8, 1, 20, 13, 11, 14};
+  CHECK(largest(stage_costs(cut_balanced(spread_trap, 3), spread_trap)) == 37);
 }
 
 TEST_CASE("stage partition: uniform gives floor(U/p) Units, one more to the first U mod p stages") {
