@@ -66,6 +66,13 @@ void visit_parallel(Reader& io, Parallel& p) {
   io.key("data", p.data, {.min = 1, .auto_value = 1});
   io.choice("schedule", p.schedule, kSchedules, {.suggest = true});
   io.choice("partition", p.partition, kPartitions, {.suggest = true});
+  // DeepSpeed's name for the stage count, written in our block: the nearest key by spelling
+  // ("data") would mislead.
+  if (io.find("stages") != nullptr) {
+    io.known("stages");
+    io.error("stages", "unknown key; the number of stages is 'pipeline' here (DeepSpeed's "
+                       "top-level block calls it pipeline.stages)");
+  }
 }
 
 void visit_parallel(Writer& io, Parallel& p) {
