@@ -50,6 +50,7 @@ constexpr Choice<std::optional<StagePartition>> kDsPartitions[] = {
 constexpr double kMaxStages = 1 << 20;
 
 std::string str(long long v) { return std::to_string(v); }
+std::string ranks(long long n) { return str(n) + (n == 1 ? " rank" : " ranks"); }
 
 }  // namespace
 
@@ -143,7 +144,7 @@ DataParallel resolve_grid(Session& s, Parallel& p, const DsPipelineInput& ds) {
   const long long model = static_cast<long long>(p.pipeline) * p.tensor;
   if (world % model != 0) {
     s.error(pipeline_from,
-            str(world) + " ranks cannot be arranged as data x " + str(p.pipeline) +
+            ranks(world) + " cannot be arranged as data x " + str(p.pipeline) +
                 " pipeline x " + str(p.tensor) + " tensor: pipeline x tensor = " + str(model) +
                 " does not divide the world size " + str(world) + "; choose " + pipeline_from +
                 " (and " + kTensorPath + ") so that their product divides the number of ranks, "
@@ -152,7 +153,7 @@ DataParallel resolve_grid(Session& s, Parallel& p, const DsPipelineInput& ds) {
   }
   const long long data = world / model;
   if (s.source(kDataPath) == Source::value && p.data != data) {
-    s.error(kDataPath, "is " + str(p.data) + " but " + str(world) + " ranks / (" +
+    s.error(kDataPath, "is " + str(p.data) + " but " + ranks(world) + " / (" +
                            str(p.pipeline) + " pipeline x " + str(p.tensor) + " tensor) = " +
                            str(data) + "; remove the key (\"auto\") to have it derived, or "
                            "launch " + str(static_cast<long long>(p.data) * model) + " ranks");
@@ -161,7 +162,7 @@ DataParallel resolve_grid(Session& s, Parallel& p, const DsPipelineInput& ds) {
   p.data = static_cast<int>(data);
   std::string note;
   if (model > 1) {
-    note = " (" + str(world) + " ranks / " + str(p.pipeline) + " pipeline stages";
+    note = " (" + ranks(world) + " / " + str(p.pipeline) + " pipeline stages";
     if (p.tensor > 1) note += " x " + str(p.tensor) + " tensor slices";
     note += ")";
   }
