@@ -29,11 +29,13 @@ std::string derived(long long num, long long den) {
 
 }  // namespace
 
-void resolve_batch(const BatchInput& in, const Environment& env, Batch& out,
-                   std::vector<Diagnostic>& diagnostics) {
+void resolve_batch(const BatchInput& in, const Environment& env, const DataParallel& dp,
+                   Batch& out, std::vector<Diagnostic>& diagnostics) {
   using State = BatchKey::State;
-  const long long w = env.world_size;
-  if (w < 1) return;  // reported by parse_config
+  const long long w = dp.size;
+  if (w < 1) return;  // reported by parse_config (world size) or the grid
+  // "data-parallel world size 2 (4 ranks / 2 pipeline stages)": the size and where it comes from.
+  const std::string ws = str(w) + dp.note;
   if (in.train_batch_size.state == State::invalid ||
       in.train_micro_batch_size_per_gpu.state == State::invalid ||
       in.gradient_accumulation_steps.state == State::invalid)
@@ -90,7 +92,7 @@ void resolve_batch(const BatchInput& in, const Environment& env, Batch& out,
       return true;
     error(diagnostics, kTb,
           "train_micro_batch_size_per_gpu " + str(m) + " x gradient_accumulation_steps " + str(g) +
-              " x data-parallel world size " + str(w) + " = " +
+              " x data-parallel world size " + ws + " = " +
               format_number(static_cast<double>(m) * static_cast<double>(g) *
                             static_cast<double>(w)) +
               " samples per step, more than zero-train counts (" + str(kMaxBatch) +
@@ -105,7 +107,7 @@ void resolve_batch(const BatchInput& in, const Environment& env, Batch& out,
       error(diagnostics, kTb,
             "train_batch_size " + str(*tb) + " != train_micro_batch_size_per_gpu " + str(*mb) +
                 " x gradient_accumulation_steps " + str(*ga) + " x data-parallel world size " +
-                str(w) + " (= " + str(full) +
+                ws + " (= " + str(full) +
                 "); fix one of them or remove train_batch_size to let it be derived");
       return;
     }
@@ -114,7 +116,7 @@ void resolve_batch(const BatchInput& in, const Environment& env, Batch& out,
       error(diagnostics, kTb,
             "train_batch_size " + str(*tb) + " != train_micro_batch_size_per_gpu " + str(*mb) +
                 " x gradient_accumulation_steps " + derived(*tb, mw) +
-                " x data-parallel world size " + str(w) + "; make train_batch_size a multiple of " +
+                " x data-parallel world size " + ws + "; make train_batch_size a multiple of " +
                 str(mw) + " (micro-batch x world size) or remove it to let it be derived");
       return;
     }
@@ -124,7 +126,7 @@ void resolve_batch(const BatchInput& in, const Environment& env, Batch& out,
       error(diagnostics, kTb,
             "train_batch_size " + str(*tb) + " != train_micro_batch_size_per_gpu " +
                 derived(*tb, gw) + " x gradient_accumulation_steps " + str(*ga) +
-                " x data-parallel world size " + str(w) + "; make train_batch_size a multiple of " +
+                " x data-parallel world size " + ws + "; make train_batch_size a multiple of " +
                 str(gw) + " (accumulation x world size) or give train_micro_batch_size_per_gpu");
       return;
     }
@@ -135,8 +137,9 @@ void resolve_batch(const BatchInput& in, const Environment& env, Batch& out,
       error(diagnostics, kTb,
             "train_batch_size " + str(*tb) + " != train_micro_batch_size_per_gpu " +
                 derived(*tb, w) + " x gradient_accumulation_steps 1 (the default) x " +
-                "data-parallel world size " + str(w) + "; make train_batch_size a multiple of " +
-                str(w) + " (the world size) or give train_micro_batch_size_per_gpu instead");
+                "data-parallel world size " + ws + "; make train_batch_size a multiple of " +
+                str(w) + (dp.note.empty() ? " (the world size)" : " (the data-parallel size)") +
+                " or give train_micro_batch_size_per_gpu instead");
       return;
     }
     mb = *tb / w;

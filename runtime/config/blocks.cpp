@@ -53,7 +53,7 @@ constexpr Choice<std::optional<DeviceKind>> kDevices[] = {
 constexpr std::string_view kIgnoredFeatures[] = {
     "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger",
     "monitor_config", "elasticity", "autotuning", "data_efficiency", "curriculum_learning",
-    "checkpoint", "data_types", "compile", "pipeline", "amp", "sparse_attention",
+    "checkpoint", "data_types", "compile", "amp", "sparse_attention",
     "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "memory_breakdown",
     "dump_state", "sparse_gradients", "nebula", "compression_training", "hybrid_engine",
     "eigenvalue", "progressive_layer_drop", "quantize_training", "weight_quantization", "timers",
@@ -360,6 +360,7 @@ void visit(Io& io, Ours& o) {
          {.min = 0, .flag = &io.env().watchdog_timeout_flag, .flag_name = "--watchdog-timeout"});
   io.key("max_consecutive_skipped_steps", o.max_consecutive_skipped_steps, {.min = 0});
   io.block("model", o, [](auto& m, Ours& ours) { visit_model(m, ours); });
+  io.block("parallel", o.parallel, [](auto& p, Parallel& par) { visit_parallel(p, par); });
 }
 
 // ---- the top level ------------------------------------------------------------------------------
@@ -381,14 +382,14 @@ BatchKey read_batch_key(Reader& io, std::string_view name) {
   return k;
 }
 
+// Reading only reads the three keys into `in`: the rule needs the data-parallel size, known once
+// zero_train.parallel is read (visit(Io&, Config&) resolves it at the end).
 template <class Io>
-void visit_batch(Io& io, Batch& b) {
+void visit_batch(Io& io, Batch& b, BatchInput& in) {
   if constexpr (Io::reading) {
-    BatchInput in;
     in.train_batch_size = read_batch_key(io, "train_batch_size");
     in.train_micro_batch_size_per_gpu = read_batch_key(io, "train_micro_batch_size_per_gpu");
     in.gradient_accumulation_steps = read_batch_key(io, "gradient_accumulation_steps");
-    resolve_batch(in, io.env(), b, io.session().diagnostics);
   } else {
     io.key("train_batch_size", b.train_batch_size);
     io.key("train_micro_batch_size_per_gpu", b.train_micro_batch_size_per_gpu);
@@ -417,7 +418,8 @@ void visit_bf16_block(Writer& io, Bf16& b) {
 
 template <class Io>
 void visit(Io& io, Config& c) {
-  visit_batch(io, c.batch);
+  BatchInput batch;
+  visit_batch(io, c.batch, batch);
   io.key("steps_per_print", c.steps_per_print, {.min = 1});
   io.key("wall_clock_breakdown", c.wall_clock_breakdown);
   io.key("gradient_clipping", c.gradient_clipping, {.min = 0, .auto_value = 1.0});
@@ -440,7 +442,15 @@ void visit(Io& io, Config& c) {
   io.block("aio", c.aio, [](auto& b, Aio& a) { visit(b, a); });
   io.block("activation_checkpointing", c.activation_checkpointing,
            [](auto& b, ActivationCheckpointing& a) { visit(b, a); });
+  DsPipelineInput ds_pipeline;
+  if constexpr (Io::reading) visit_ds_pipeline(io, c.pipeline, ds_pipeline);
+  else visit_ds_pipeline(io, c.pipeline);
   io.block("zero_train", c.ours, [](auto& b, Ours& o) { visit(b, o); });
+  if constexpr (Io::reading) {
+    // The grid (both pipeline blocks read), then the batch rule over its data-parallel size.
+    const DataParallel dp = resolve_grid(io.session(), c.ours.parallel, ds_pipeline);
+    if (dp.size > 0) resolve_batch(batch, io.env(), dp, c.batch, io.session().diagnostics);
+  }
 }
 
 // Checks between blocks, once every value (and every "auto") is final.
@@ -485,8 +495,8 @@ LoadResult parse_config(std::string_view json_text, std::string_view source_name
   LoadResult result;
   detail::Session session{env, result.diagnostics, {}, {}};
   if (env.world_size < 1) {
-    session.error("", "data-parallel world size " + std::to_string(env.world_size) +
-                          ": expected >= 1");
+    session.error("", "world size " + std::to_string(env.world_size) +
+                          " (MPI ranks): expected >= 1");
     return result;
   }
   detail::Json json;

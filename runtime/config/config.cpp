@@ -32,6 +32,24 @@ std::string_view to_string(OffloadDevice d) noexcept {
   return "none";
 }
 
+std::string_view to_string(PipelineSchedule s) noexcept {
+  switch (s) {
+    case PipelineSchedule::gpipe: return "gpipe";
+    case PipelineSchedule::zb_h1: return "zb-h1";
+    case PipelineSchedule::one_f_one_b: break;
+  }
+  return "1f1b";
+}
+
+std::string_view to_string(StagePartition p) noexcept {
+  switch (p) {
+    case StagePartition::uniform: return "uniform";
+    case StagePartition::flops: return "flops";
+    case StagePartition::parameters: break;
+  }
+  return "parameters";
+}
+
 std::string_view Scheduler::type_name() const noexcept {
   constexpr std::string_view kNames[] = {"",         "WarmupLR", "WarmupDecayLR", "WarmupCosineLR",
                                          "OneCycle", "LRRangeTest"};

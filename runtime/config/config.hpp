@@ -9,8 +9,8 @@
 // found, each with the JSON path it is about, the offending value and what was expected.
 //   - an unknown key inside a block we know (zero_optimization, offload_optimizer,
 //     offload_param, fp16, bf16, optimizer, optimizer.params, scheduler, scheduler.params, aio,
-//     activation_checkpointing, zero_train, zero_train.model) is an error that names the
-//     nearest valid key of that block;
+//     activation_checkpointing, pipeline, zero_train, zero_train.model, zero_train.parallel) is
+//     an error that names the nearest valid key of that block;
 //   - an unknown top-level key is a warning (DeepSpeed ignores them too), with a did-you-mean
 //     when a known key is close; DeepSpeed features we do not implement (tensorboard, wandb,
 //     flops_profiler, ...) get one "ignored" warning each;
@@ -35,7 +35,7 @@
 //                         threshold 10*h, h = zero_train.model's n_embd
 //
 // Batch rule: train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps
-// x Environment::world_size. Any two give the third; train_batch_size or the micro-batch alone
+// x the data-parallel size, Environment::world_size / (pipeline x tensor). Any two give the third; train_batch_size or the micro-batch alone
 // means accumulation 1; accumulation alone or nothing is an error (as in DeepSpeed) unless a
 // batch key is "auto" or a flag gives the micro-batch. A mismatch is one error at path
 // "train_batch_size" that prints all four numbers.
@@ -61,10 +61,22 @@
 //     "steps": 100,                     // optimizer steps to run
 //     "max_consecutive_skipped_steps": 20, // stop after this many non-finite steps in a row
 //     "weight_decay_applies_to": "matrices",  // or "all": see Ours::weight_decay_all
-//     "model": {"preset": "tiny"}       // a preset (models/gpt_shape.hpp), optionally with
+//     "model": {"preset": "tiny"},      // a preset (models/gpt_shape.hpp), optionally with
 //                                       // n_layer/n_embd/n_head/vocab_size/seq_len overriding
 //                                       // it; without "preset" all five are required
+//     "parallel": {                     // the process grid (collectives/grid.hpp)
+//       "pipeline": 1,                  // stages; world / (pipeline x tensor) = data-parallel
+//       "tensor": 1,                    // 1 only (tensor slicing comes with issue 19)
+//       "data": "auto",                 // derived; a number given must equal it
+//       "schedule": "1f1b",             // "gpipe" | "1f1b" | "zb-h1"
+//       "partition": "parameters"       // "uniform" | "parameters" | "flops"
+//     }
 //   }
+//
+// DeepSpeed's top-level "pipeline" block is read too: "stages" as zero_train.parallel.pipeline
+// and "partition" ("uniform", "parameters"; "best", its default, = not given) as
+// zero_train.parallel.partition, an error when both places are given and disagree; its other
+// keys are accepted, without effect (DsPipeline).
 //
 // Thread-safety: parse_config and friends are pure functions of their arguments (no globals);
 // a Config is a plain value.
@@ -94,7 +106,7 @@ struct Diagnostic {
 
 // What the config is resolved against. The flags come from the command line; empty = not given.
 struct Environment {
-  int world_size = 1;                                    // data-parallel world size (MPI)
+  int world_size = 1;  // MPI ranks, all of them; data-parallel size = this / (pipeline x tensor)
   bool bf16_supported = true;                            // decides fp16/bf16 "auto"
   // Parts of the file the command line replaces before anything is read (zero-train's --model,
   // --seed, --device), so that everything derived from them ("auto" bucket sizes from n_embd)
@@ -319,6 +331,39 @@ struct ActivationCheckpointing {
   bool profile = false;                           // time the checkpointed forwards
 };
 
+// ---- the process grid: "zero_train.parallel" and DeepSpeed's "pipeline" ----------------------
+
+// The pipeline's schedule (issue 18): fill-drain (GPipe), one-forward-one-backward, and the
+// zero-bubble ZB-H1 (backward split into input- and weight-gradient passes).
+enum class PipelineSchedule { gpipe, one_f_one_b, zb_h1 };  // "gpipe", "1f1b", "zb-h1"
+std::string_view to_string(PipelineSchedule s) noexcept;
+
+// How the model's Units are cut into stages: the same number of Units per stage, balanced
+// parameter counts (DeepSpeed's "uniform" and "parameters"), or balanced FLOPs.
+enum class StagePartition { uniform, parameters, flops };
+std::string_view to_string(StagePartition p) noexcept;
+
+// "zero_train.parallel": the world as data x pipeline x tensor ranks (collectives/grid.hpp),
+// always resolved: data * pipeline * tensor == Environment::world_size.
+struct Parallel {
+  int pipeline = 1;  // pipeline stages (DeepSpeed: pipeline.stages); at most the model's Units
+  int tensor = 1;    // tensor slices: 1 only, until tensor slicing (issue 19)
+  int data = 1;      // derived: world / (pipeline x tensor); given, it must equal that
+  PipelineSchedule schedule = PipelineSchedule::one_f_one_b;  // "schedule"
+  StagePartition partition = StagePartition::parameters;      // DeepSpeed's default method
+};
+
+// DeepSpeed's own top-level "pipeline" block. Its "stages" and "partition" are read into
+// zero_train.parallel (they mean the same; both given and different is an error); these four
+// are accepted and warned about when not the default: they tune DeepSpeed's PipelineModule
+// (per-layer seeds, its own checkpoint interval) and its tensor-parallel boundary transfers.
+struct DsPipeline {
+  bool seed_layers = false;                      // no effect: a seed per layer
+  long long activation_checkpoint_interval = 0;  // no effect: see activation_checkpointing
+  bool pipe_partitioned = true;                  // no effect: split activations over tensor ranks
+  bool grad_partitioned = true;                  // no effect: split gradients over tensor ranks
+};
+
 // "zero_train": our own section (see the top of this file for its JSON shape).
 struct Ours {
   std::optional<DeviceKind> device;   // nullopt = "auto": cuda when a GPU is present, else cpu
@@ -337,6 +382,7 @@ struct Ours {
   long long max_consecutive_skipped_steps = 20;
   std::string model_preset = "tiny";  // the preset "model" started from; "" = explicit shape
   models::GptShape model = models::kGptPresets[0].shape;  // the GPT shape (preset "tiny")
+  Parallel parallel;                  // "parallel": the process grid and the pipeline schedule
 };
 
 struct Config {
@@ -355,6 +401,7 @@ struct Config {
   Zero zero;                                         // "zero_optimization"
   Aio aio;                                           // "aio"
   ActivationCheckpointing activation_checkpointing;  // "activation_checkpointing"
+  DsPipeline pipeline;                               // "pipeline" (DeepSpeed's)
   Ours ours;                                         // "zero_train"
 
   // The dtype of parameters and compute: fp16 or bf16 when enabled, else fp32.

@@ -273,6 +273,8 @@ void Reader::bad_choice(const std::string& at, const Json* v,
   if (opts.case_insensitive) message += " (any case)";
   if (opts.nullable) message += ", or null";
   if (v != nullptr) message += ", got " + describe(*v);
+  if (opts.suggest && v != nullptr && v->is_string() && !names.empty())
+    message += "; did you mean \"" + std::string(nearest(v->get<std::string>(), names)) + "\"?";
   if (!opts.hint.empty()) message += "; " + std::string(opts.hint);
   session_.error(at, std::move(message));
 }

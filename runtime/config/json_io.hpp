@@ -1,5 +1,5 @@
 // The two sides of every config block (private to runtime/config; pulls in nlohmann-json, so
-// only json_io.cpp, blocks.cpp and zero_block.cpp include it).
+// only json_io.cpp, blocks.cpp, zero_block.cpp and parallel_block.cpp include it).
 //
 // Each block is described once, by a function template over an `Io`:
 //
@@ -28,6 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/config/batch.hpp"
 #include "runtime/config/config.hpp"
 
 namespace zero::config::detail {
@@ -96,6 +97,7 @@ struct ChoiceOpts {
   bool case_insensitive = false;  // "adamw" == "AdamW"
   bool nullable = false;          // null gives E{}
   bool required = false;          // absent is an error
+  bool suggest = false;           // a wrong string also gets "did you mean" the nearest choice
   std::string_view hint{};        // appended to the "expected one of" message
 };
 
@@ -392,5 +394,21 @@ namespace zero::config::detail {
 // size for the "auto" bucket sizes (read when the deferred "auto" values run).
 void visit_zero_optimization(Reader& top, Zero& zero, const Ours& ours);
 void visit_zero_optimization(Writer& top, Zero& zero, const Ours& ours);
+
+// parallel_block.cpp: the process grid. zero_train.parallel is read inside zero_train
+// (visit_parallel); DeepSpeed's top-level "pipeline" block by visit_ds_pipeline, which keeps
+// its "stages" and "partition" in `ds` for resolve_grid. resolve_grid runs once both are read:
+// it merges them (disagreement is an error naming both paths), checks the grid against
+// env.world_size and sets Parallel::data; it returns the data-parallel size for the batch rule
+// (0 when the grid is invalid, reported).
+struct DsPipelineInput {
+  std::optional<int> stages;                 // pipeline.stages; nullopt: absent or "auto"
+  std::optional<StagePartition> partition;   // pipeline.partition; nullopt: absent or "best"
+};
+void visit_parallel(Reader& io, Parallel& p);
+void visit_parallel(Writer& io, Parallel& p);
+void visit_ds_pipeline(Reader& top, DsPipeline& ds, DsPipelineInput& in);
+void visit_ds_pipeline(Writer& top, DsPipeline& ds);
+DataParallel resolve_grid(Session& s, Parallel& p, const DsPipelineInput& ds);
 
 }  // namespace zero::config::detail

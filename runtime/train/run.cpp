@@ -111,6 +111,18 @@ bool Run::write_metrics(const std::string& text) {
 int set_up_run(Run& run) {
   World& world = run.world;
   const config::Config& c = run.c;
+  // The grid validates (--validate shows it), but only the data-parallel axis trains yet: a
+  // pipeline config must not quietly train as something else.
+  if (c.ours.parallel.pipeline > 1) {
+    if (world.is_root())
+      std::fprintf(stderr,
+                   "%s: error: zero_train.parallel.pipeline: %d stages: pipeline parallelism: the "
+                   "executor comes with issue 18's next part; --validate accepts the config\n"
+                   "HINT: set zero_train.parallel.pipeline to 1 (and remove pipeline.stages) to "
+                   "train data-parallel on all %d ranks\n",
+                   run.flags.config.c_str(), c.ours.parallel.pipeline, world.size());
+    return kExitUsage;
+  }
   run.watchdog.emplace(world, WatchdogOptions{.timeout_s = c.ours.watchdog_timeout, .exit_code = kExitLost});
   if (const int rc = open_data_and_metrics(run); rc != 0) return rc;
 

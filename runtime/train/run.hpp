@@ -79,8 +79,9 @@ struct Run {
 // is built or trained); the device ("auto": cuda when every rank has a GPU of its own), the
 // communicators, the model and the engine; and prints the start-up report on rank 0 (the run,
 // the host thread budget, the memory budget, the model state per rank and the ledger).
-// Returns 0, or the exit code with the reason printed: kExitUsage for bad input, kExitFailure
-// when the device cannot be opened or the model does not fit.
+// Returns 0, or the exit code with the reason printed: kExitUsage for bad input (and, until the
+// pipeline executor exists, for a config with more than one pipeline stage: refused before
+// anything is built), kExitFailure when the device cannot be opened or the model does not fit.
 int set_up_run(Run& run);
 
 }  // namespace zero::train

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 
+#include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/mpi_check.hpp"
 #include "models/gpt.hpp"
@@ -19,7 +20,29 @@
 
 namespace zero::train {
 
+namespace {
+
+// The GPT's Units (models/gpt.hpp): the embedding, one per transformer block, the head.
+long long gpt_unit_count(const models::GptShape& shape) { return shape.n_layer + 2LL; }
+
+// Every pipeline stage runs at least one Unit: more stages than Units leave a stage empty.
+void check_stages(const config::Config& c) {
+  const int stages = c.ours.parallel.pipeline;
+  const long long units = gpt_unit_count(c.ours.model);
+  if (stages > units)
+    ZERO_FAIL("zero_train.parallel.pipeline (or pipeline.stages): " + std::to_string(stages) +
+              " pipeline stages but the model has " + std::to_string(units) +
+              " Units (the embedding, " + std::to_string(c.ours.model.n_layer) +
+              (c.ours.model.n_layer == 1 ? " transformer block" : " transformer blocks") +
+              ", the head), and every stage needs at least one\nHINT: use at most " +
+              std::to_string(units) + " stages, or a deeper model (zero_train.model.n_layer, "
+              "--model)");
+}
+
+}  // namespace
+
 void check_startup(const config::Config& c, const Flags& flags) {
+  check_stages(c);
   (void)engine_options(c);
   if (flags.data.empty())
     check_model_fits_addition(models::data::AdditionTask(addition_options(c)), c.ours.model);

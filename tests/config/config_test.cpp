@@ -69,7 +69,7 @@ TEST_CASE("load_config_file: a missing file or a directory is an error naming it
 
 TEST_CASE("the world size must be positive", "[env]") {
   CHECK(message_at(parse(R"({"train_batch_size": 8})", world(0)), "") ==
-        "data-parallel world size 0: expected >= 1");
+        "world size 0 (MPI ranks): expected >= 1");
 }
 
 // ---- the real-world configs ---------------------------------------------------------------------
