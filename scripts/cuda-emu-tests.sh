@@ -40,6 +40,20 @@ fi
 tests+=("$@")
 
 mkdir -p "$work"
+# The emulator's tools/patch_cmake.py (as shipped) marks the project's .cu files as C++ by globbing
+# runtime/, models/, optim/, collectives/ and offload/: it predates core/ moving to the top level
+# (issue 17), so core/cuda/dtype_convert.cu would be left out of the emulated build and every test
+# using the device conversions would fail to link. When the glob does not name core/, a copy of
+# the emulator in the work directory is used whose glob also covers core/ (its only difference).
+if ! grep -q 'PROJECT_SOURCE_DIR}/core/' "$emu/tools/patch_cmake.py"; then
+  rm -rf "$work/emu-tool" && cp -r "$emu" "$work/emu-tool" && chmod -R u+w "$work/emu-tool"
+  sed -i 's#${PROJECT_SOURCE_DIR}/runtime/\*\.cu#${PROJECT_SOURCE_DIR}/core/*.cu ${PROJECT_SOURCE_DIR}/runtime/*.cu#' \
+    "$work/emu-tool/tools/patch_cmake.py"
+  grep -q 'PROJECT_SOURCE_DIR}/core/' "$work/emu-tool/tools/patch_cmake.py" ||
+    { echo "cuda-emu-tests: could not extend the emulator's .cu glob to core/ ($emu/tools/patch_cmake.py)"; exit 1; }
+  echo "cuda-emu-tests: the emulator's .cu glob misses core/: using a copy with core/ added ($work/emu-tool)"
+  emu="$work/emu-tool"
+fi
 log="$work/emu-tests.log"
 t0=$SECONDS
 if ! "$emu/build.sh" "$root" "$work" "${tests[@]}" >"$work/emu-build.log" 2>&1; then
