@@ -33,9 +33,10 @@
 //   backward_input, Unit i (last to first), with the same ctx fields as backward:
 //                     -> sets ctx.grad_input as backward would, may add to ctx.grads the
 //                        gradients that are cheap or inseparable from the input gradient (each
-//                        Unit names which), and replaces ctx.state with what backward_weight
-//                        needs (the input of each deferred matmul and the gradient of its
-//                        output, held by reference, so it stays alive).
+//                        Unit names which; the GPT's: its LayerNorms' weights and biases, while
+//                        matmul weights and biases wait for W), and replaces ctx.state with
+//                        what backward_weight needs (the input of each deferred matmul and the
+//                        gradient of its output, held by reference, so it stays alive).
 //   backward_weight, later, any time before the gradients are read (the previous Unit's
 //                     backward_input may run in between; other micro-batches' parts too):
 //                     ctx.grads    gradient tensors as for backward (possibly other tensors)
@@ -48,6 +49,7 @@
 // gives bitwise the joint result.
 // With ctx.checkpoint set, backward_input recomputes the forward as backward does and keeps for
 // backward_weight only what it needs (the recomputed intermediates are dropped).
+// A parameter's gradient is complete only after the W of the first Unit that uses it.
 // A Unit that cannot split keeps the defaults: splits_backward() is false, backward_input does
 // the whole backward and backward_weight nothing.
 //
