@@ -28,6 +28,31 @@
 // supports it keeps nothing from forward but its input (ctx.input, which the engine keeps) and
 // recomputes its forward inside backward. Gradients are bitwise the same either way.
 //
+// Split backward (for zero-bubble pipeline schedules, Qi et al. 2024): backward may instead be
+// called as two parts, at different times, per micro-batch:
+//   backward_input, Unit i (last to first), with the same ctx fields as backward:
+//                     -> sets ctx.grad_input as backward would, may add to ctx.grads the
+//                        gradients that are cheap or inseparable from the input gradient (each
+//                        Unit names which; the GPT's: its LayerNorms' weights and biases, while
+//                        matmul weights and biases wait for W), and replaces ctx.state with
+//                        what backward_weight needs (the input of each deferred matmul and the
+//                        gradient of its output, held by reference, so it stays alive).
+//   backward_weight, later, any time before the gradients are read (the previous Unit's
+//                     backward_input may run in between; other micro-batches' parts too):
+//                     ctx.grads    gradient tensors as for backward (possibly other tensors)
+//                     ctx.params, ctx.batch, ctx.input, ctx.grad_output: not read (stage 3 need
+//                                  not gather the parameters again for it)
+//                     -> adds the remaining parameter gradients (+=) and drops ctx.state.
+// backward(ctx) stays the whole thing: bitwise the same gradients and grad_input as
+// backward_input(ctx) then backward_weight(ctx). Gradients of a parameter are added in the order
+// its parts run, so running the W parts of a Unit's micro-batches in the order their B parts ran
+// gives bitwise the joint result.
+// With ctx.checkpoint set, backward_input recomputes the forward as backward does and keeps for
+// backward_weight only what it needs (the recomputed intermediates are dropped).
+// A parameter's gradient is complete only after the W of the first Unit that uses it.
+// A Unit that cannot split keeps the defaults: splits_backward() is false, backward_input does
+// the whole backward and backward_weight nothing.
+//
 // Work is enqueued on the model's compute stream (the one its kernels were built with); forward
 // and backward return without waiting for it. Activations are Tensors allocated on the device
 // under MemCategory::activations, so the ledger shows them, and freed when the last handle goes.
@@ -111,6 +136,12 @@ class Unit {
   virtual bool checkpointable() const noexcept { return false; }
   virtual void forward(UnitContext& ctx) = 0;
   virtual void backward(UnitContext& ctx) = 0;
+  // Whether backward_input leaves work to backward_weight (see "Split backward" above).
+  virtual bool splits_backward() const noexcept { return false; }
+  // The input-gradient part (B): grad_input as early as possible. Default: the whole backward.
+  virtual void backward_input(UnitContext& ctx) { backward(ctx); }
+  // The weight-gradient part (W): the deferred parameter gradients. Default: nothing is left.
+  virtual void backward_weight(UnitContext& ctx) { (void)ctx; }
 };
 
 struct Model {

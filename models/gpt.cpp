@@ -1,5 +1,7 @@
 #include "models/gpt.hpp"
 
+#include "models/split_backward.hpp"
+
 #include <cmath>
 #include <utility>
 
@@ -44,19 +46,24 @@ class GptUnit : public Unit {
 };
 
 // ---- embedding: tokens -> wte[token] + wpe[position] ---------------------------------------
-class EmbeddingUnit final : public GptUnit {
+// Split backward: nothing flows to an earlier Unit, so the whole scatter-add into wte and wpe is
+// weight gradient: backward_input only keeps grad_output (and the token ids) for W.
+class EmbeddingUnit final : public SplitBackward<GptUnit> {
  public:
-  using GptUnit::GptUnit;
+  using SplitBackward::SplitBackward;
   void forward(UnitContext& ctx) override {
     require_params(ctx, false);
     const auto [B, T] = batch_dims(ctx);
     ctx.output = act(Shape{B, T, opt_.shape.n_embd});
     ops_.embedding_forward(ctx.output, ctx.batch->inputs, ctx.params[0], ctx.params[1]);
   }
-  void backward(UnitContext& ctx) override {
+
+ protected:
+  void backward_with(UnitContext& ctx, WeightGrads& wg) override {
     require_params(ctx, true);
     ZERO_REQUIRE(ctx.grad_output, "gpt unit " + name_ + ": backward without grad_output");
-    ops_.embedding_backward(ctx.grads[0], ctx.grads[1], ctx.grad_output, ctx.batch->inputs);
+    (void)batch_dims(ctx);
+    wg.embedding(0, 1, ctx.grad_output, ctx.batch->inputs);
     ctx.grad_input = Tensor();
   }
 };
@@ -68,9 +75,13 @@ struct BlockState final : UnitState {
   Tensor ln1, mean1, rstd1, qkv, probs, atty, res2, ln2, mean2, rstd2, fch, fcg;
 };
 
-class BlockUnit final : public GptUnit {
+// Split backward: the four matmuls' weight and bias gradients (c_attn, attn c_proj, c_fc,
+// mlp c_proj) go to W; backward_input does their input gradients, attention, GELU, both
+// LayerNorms (their weight and bias gradients too: a row reduction over tensors B has at hand)
+// and the residuals. W keeps, per matmul, its input and its output's gradient.
+class BlockUnit final : public SplitBackward<GptUnit> {
  public:
-  using GptUnit::GptUnit;
+  using SplitBackward::SplitBackward;
   bool checkpointable() const noexcept override { return true; }
 
   void forward(UnitContext& ctx) override {
@@ -82,7 +93,9 @@ class BlockUnit final : public GptUnit {
     if (!ctx.checkpoint) ctx.state = std::move(state);
   }
 
-  void backward(UnitContext& ctx) override {
+
+ protected:
+  void backward_with(UnitContext& ctx, WeightGrads& wg) override {
     require_params(ctx, true);
     ZERO_REQUIRE(ctx.grad_output, "gpt unit " + name_ + ": backward without grad_output");
     // Checkpointed: re-materialise. The same ops on the same input and parameters give bitwise
@@ -97,12 +110,12 @@ class BlockUnit final : public GptUnit {
 
     // out = res2 + mlp(res2): the MLP branch first.
     Tensor dfcg = act(Shape{B, T, 4 * C});
-    ops_.linear_backward(dfcg, g[10], g[11], dout, s->fcg, w[10]);
+    wg.linear(dfcg, 10, 11, dout, s->fcg, w[10]);
     Tensor dfch = act(Shape{B, T, 4 * C});
     ops_.gelu_backward(dfch, dfcg, s->fch);
     dfcg = Tensor();
     Tensor dln2 = act(Shape{B, T, C});
-    ops_.linear_backward(dln2, g[8], g[9], dfch, s->ln2, w[8]);
+    wg.linear(dln2, 8, 9, dfch, s->ln2, w[8]);
     dfch = Tensor();
     Tensor dres2 = act(Shape{B, T, C});
     ops_.layernorm_backward(dres2, g[6], g[7], dln2, s->res2, w[6], s->mean2, s->rstd2);
@@ -111,18 +124,17 @@ class BlockUnit final : public GptUnit {
 
     // res2 = x + attn(x): the attention branch.
     Tensor datty = act(Shape{B, T, C});
-    ops_.linear_backward(datty, g[4], g[5], dres2, s->atty, w[4]);
+    wg.linear(datty, 4, 5, dres2, s->atty, w[4]);
     Tensor dqkv = act(Shape{B, T, 3 * C});
     ops_.attention_backward(dqkv, datty, s->qkv, s->probs, opt_.shape.n_head);
     datty = Tensor();
     Tensor dln1 = act(Shape{B, T, C});
-    ops_.linear_backward(dln1, g[2], g[3], dqkv, s->ln1, w[2]);
+    wg.linear(dln1, 2, 3, dqkv, s->ln1, w[2]);
     dqkv = Tensor();
     Tensor dx = act(Shape{B, T, C});
     ops_.layernorm_backward(dx, g[0], g[1], dln1, x, w[0], s->mean1, s->rstd1);
     ops_.accumulate(dx, dres2);  // the residual path
     ctx.grad_input = dx;
-    ctx.state.reset();
   }
 
  private:
@@ -172,9 +184,12 @@ struct HeadState final : UnitState {
   Tensor lnf, mean, rstd, logits;
 };
 
-class HeadUnit final : public GptUnit {
+// Split backward: the LM head's weight gradient (into the tied wte) goes to W, which keeps the
+// logits' gradient [B,T,V] and ln_f's output; backward_input does the cross-entropy, the head's
+// input gradient and ln_f (with its weight and bias gradients).
+class HeadUnit final : public SplitBackward<GptUnit> {
  public:
-  using GptUnit::GptUnit;
+  using SplitBackward::SplitBackward;
   void forward(UnitContext& ctx) override {
     require_params(ctx, false);
     const auto [B, T] = batch_dims(ctx);
@@ -197,7 +212,9 @@ class HeadUnit final : public GptUnit {
     ctx.state = std::move(s);
   }
 
-  void backward(UnitContext& ctx) override {
+
+ protected:
+  void backward_with(UnitContext& ctx, WeightGrads& wg) override {
     require_params(ctx, true);
     auto* s = dynamic_cast<HeadState*>(ctx.state.get());
     ZERO_REQUIRE(s != nullptr, "gpt unit " + name_ + ": backward without its forward");
@@ -205,12 +222,11 @@ class HeadUnit final : public GptUnit {
     Tensor dlogits = act(s->logits.shape());
     ops_.cross_entropy_backward(dlogits, s->logits, ctx.batch->targets, ctx.grad_scale);
     Tensor dlnf = act(x.shape());
-    ops_.linear_t_backward(dlnf, ctx.grads[2], dlogits, s->lnf, ctx.params[2]);
+    wg.linear_t(dlnf, 2, dlogits, s->lnf, ctx.params[2]);
     dlogits = Tensor();
     Tensor dx = act(x.shape());
     ops_.layernorm_backward(dx, ctx.grads[0], ctx.grads[1], dlnf, x, ctx.params[0], s->mean, s->rstd);
     ctx.grad_input = dx;
-    ctx.state.reset();
   }
 };
 

@@ -1,6 +1,7 @@
 #include "models/mlp.hpp"
 
 #include "core/random.hpp"
+#include "models/split_backward.hpp"
 
 #include <cmath>
 #include <string>
@@ -46,9 +47,11 @@ struct HiddenState final : UnitState {
   Tensor h;  // pre-activation
 };
 
-class HiddenUnit final : public MlpUnit {
+// Split backward: the GELU and the input gradient in B; the weight and bias gradients in W,
+// which keeps the layer's input and the pre-activation's gradient.
+class HiddenUnit final : public SplitBackward<MlpUnit> {
  public:
-  using MlpUnit::MlpUnit;
+  using SplitBackward::SplitBackward;
   bool checkpointable() const noexcept override { return true; }
   void forward(UnitContext& ctx) override {
     require(ctx, false);
@@ -56,7 +59,9 @@ class HiddenUnit final : public MlpUnit {
     ctx.output = run(ctx, *s);
     if (!ctx.checkpoint) ctx.state = std::move(s);
   }
-  void backward(UnitContext& ctx) override {
+
+ protected:
+  void backward_with(UnitContext& ctx, WeightGrads& wg) override {
     require(ctx, true);
     std::unique_ptr<HiddenState> owned;  // checkpointed: the pre-activation, recomputed
     HiddenState* s = &saved_or_recomputed(ctx, owned, [&](HiddenState& st) { (void)run(ctx, st); });
@@ -64,9 +69,8 @@ class HiddenUnit final : public MlpUnit {
     Tensor dh = act(s->h.shape());
     ops_.gelu_backward(dh, ctx.grad_output, s->h);
     Tensor dx = first_ ? Tensor() : act(x.shape());
-    ops_.linear_backward(dx, ctx.grads[0], ctx.grads[1], dh, x, ctx.params[0]);
+    wg.linear(dx, 0, 1, dh, x, ctx.params[0]);
     ctx.grad_input = dx;
-    ctx.state.reset();
   }
 
  private:
@@ -84,9 +88,10 @@ struct HeadState final : UnitState {
   Tensor logits;
 };
 
-class HeadUnit final : public MlpUnit {
+// Split backward: the cross-entropy and the input gradient in B; weight and bias in W.
+class HeadUnit final : public SplitBackward<MlpUnit> {
  public:
-  using MlpUnit::MlpUnit;
+  using SplitBackward::SplitBackward;
   void forward(UnitContext& ctx) override {
     require(ctx, false);
     const Tensor& x = input(ctx);
@@ -104,7 +109,9 @@ class HeadUnit final : public MlpUnit {
     ctx.output = s->logits;
     ctx.state = std::move(s);
   }
-  void backward(UnitContext& ctx) override {
+
+ protected:
+  void backward_with(UnitContext& ctx, WeightGrads& wg) override {
     require(ctx, true);
     auto* s = dynamic_cast<HeadState*>(ctx.state.get());
     ZERO_REQUIRE(s != nullptr, "mlp unit " + name_ + ": backward without its forward");
@@ -112,9 +119,8 @@ class HeadUnit final : public MlpUnit {
     Tensor dlogits = act(s->logits.shape());
     ops_.cross_entropy_backward(dlogits, s->logits, ctx.batch->targets, ctx.grad_scale);
     Tensor dx = first_ ? Tensor() : act(x.shape());
-    ops_.linear_backward(dx, ctx.grads[0], ctx.grads[1], dlogits, x, ctx.params[0]);
+    wg.linear(dx, 0, 1, dlogits, x, ctx.params[0]);
     ctx.grad_input = dx;
-    ctx.state.reset();
   }
 };
 

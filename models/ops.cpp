@@ -169,6 +169,17 @@ void Ops::linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, cons
   do_linear_forward(y, x, w, b);
 }
 
+namespace {
+// dy [N, OC] of the activation type with x's rows N; returns OC.
+int64_t check_dy(const Check& c, const Tensor& dy, ScalarType a, int64_t rows, int64_t oc) {
+  c.type("dy", dy, a);
+  c.numel("dy", dy, rows * oc);
+  if (dy.shape().back() != oc)
+    c.fail("dy is " + str(dy) + ", expected a last dimension of " + std::to_string(oc));
+  return oc;
+}
+}  // namespace
+
 void Ops::linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
                           const Tensor& x, const Tensor& w) {
   const Check c("linear_backward", device_.kind());
@@ -177,13 +188,36 @@ void Ops::linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, 
   c.rank("w", w, 2);
   const int64_t C = x.shape().back(), rows = x.shape().rows(), OC = w.shape()[1];
   c.param("w", w, Shape{C, OC}, a);
-  c.type("dy", dy, a);
-  c.numel("dy", dy, rows * OC);
-  if (dy.shape().back() != OC) c.fail("dy is " + str(dy) + ", expected a last dimension of " + std::to_string(OC));
+  check_dy(c, dy, a, rows, OC);
   if (dx) c.same("dx", dx, x);
   c.grad("dw", dw, Shape{C, OC}, a);
   if (db) c.grad("db", db, Shape{OC}, a);
-  do_linear_backward(dx, dw, db, dy, x, w);
+  if (dx) do_linear_backward_input(dx, dy, w);
+  do_linear_backward_weight(dw, db, dy, x);
+}
+
+void Ops::linear_backward_input(const Tensor& dx, const Tensor& dy, const Tensor& w) {
+  const Check c("linear_backward_input", device_.kind());
+  const ScalarType a = c.activation("dx", dx);
+  c.at_least_rank("dx", dx, 1);
+  c.rank("w", w, 2);
+  const int64_t C = dx.shape().back(), rows = dx.shape().rows(), OC = w.shape()[1];
+  c.param("w", w, Shape{C, OC}, a);
+  check_dy(c, dy, a, rows, OC);
+  do_linear_backward_input(dx, dy, w);
+}
+
+void Ops::linear_backward_weight(const Tensor& dw, const Tensor& db, const Tensor& dy,
+                                 const Tensor& x) {
+  const Check c("linear_backward_weight", device_.kind());
+  const ScalarType a = c.activation("x", x);
+  c.at_least_rank("x", x, 1);
+  c.rank("dw", dw, 2);
+  const int64_t C = x.shape().back(), rows = x.shape().rows(), OC = dw.shape()[1];
+  c.grad("dw", dw, Shape{C, OC}, a);
+  check_dy(c, dy, a, rows, OC);
+  if (db) c.grad("db", db, Shape{OC}, a);
+  do_linear_backward_weight(dw, db, dy, x);
 }
 
 void Ops::linear_t_forward(const Tensor& y, const Tensor& x, const Tensor& w) {
@@ -207,12 +241,33 @@ void Ops::linear_t_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy
   c.rank("w", w, 2);
   const int64_t C = x.shape().back(), rows = x.shape().rows(), V = w.shape()[0];
   c.param("w", w, Shape{V, C}, a);
-  c.type("dy", dy, a);
-  c.numel("dy", dy, rows * V);
-  if (dy.shape().back() != V) c.fail("dy is " + str(dy) + ", expected a last dimension of " + std::to_string(V));
+  check_dy(c, dy, a, rows, V);
   c.same("dx", dx, x);
   c.grad("dw", dw, Shape{V, C}, a);
-  do_linear_t_backward(dx, dw, dy, x, w);
+  do_linear_t_backward_input(dx, dy, w);
+  do_linear_t_backward_weight(dw, dy, x);
+}
+
+void Ops::linear_t_backward_input(const Tensor& dx, const Tensor& dy, const Tensor& w) {
+  const Check c("linear_t_backward_input", device_.kind());
+  const ScalarType a = c.activation("dx", dx);
+  c.at_least_rank("dx", dx, 1);
+  c.rank("w", w, 2);
+  const int64_t C = dx.shape().back(), rows = dx.shape().rows(), V = w.shape()[0];
+  c.param("w", w, Shape{V, C}, a);
+  check_dy(c, dy, a, rows, V);
+  do_linear_t_backward_input(dx, dy, w);
+}
+
+void Ops::linear_t_backward_weight(const Tensor& dw, const Tensor& dy, const Tensor& x) {
+  const Check c("linear_t_backward_weight", device_.kind());
+  const ScalarType a = c.activation("x", x);
+  c.at_least_rank("x", x, 1);
+  c.rank("dw", dw, 2);
+  const int64_t C = x.shape().back(), rows = x.shape().rows(), V = dw.shape()[0];
+  c.grad("dw", dw, Shape{V, C}, a);
+  check_dy(c, dy, a, rows, V);
+  do_linear_t_backward_weight(dw, dy, x);
 }
 
 void Ops::gelu_forward(const Tensor& y, const Tensor& x) {

@@ -68,15 +68,23 @@ class Ops {
   // its rows). b may be empty (no bias).
   void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b);
   // dx = dy @ w^T (overwritten; may be empty when not needed); dw += x^T @ dy; db += column sums
-  // of dy (db empty when there is no bias).
+  // of dy (db empty when there is no bias). Exactly linear_backward_input then
+  // linear_backward_weight: the same calls, so the same bits.
   void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
                        const Tensor& x, const Tensor& w);
+  // The two halves of linear_backward, for a split backward (B, then W later): dx = dy @ w^T
+  // (overwritten), and dw += x^T @ dy, db += column sums of dy (db may be empty).
+  void linear_backward_input(const Tensor& dx, const Tensor& dy, const Tensor& w);
+  void linear_backward_weight(const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x);
 
   // y[N,V] = x[N,C] @ w[V,C]^T: the LM head tied to the token embedding [V,C].
   void linear_t_forward(const Tensor& y, const Tensor& x, const Tensor& w);
-  // dx = dy @ w (overwritten); dw += dy^T @ x.
+  // dx = dy @ w (overwritten); dw += dy^T @ x. Exactly linear_t_backward_input then
+  // linear_t_backward_weight.
   void linear_t_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
                          const Tensor& w);
+  void linear_t_backward_input(const Tensor& dx, const Tensor& dy, const Tensor& w);
+  void linear_t_backward_weight(const Tensor& dw, const Tensor& dy, const Tensor& x);
 
   // GPT-2's GELU, the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
   void gelu_forward(const Tensor& y, const Tensor& x);
@@ -129,11 +137,12 @@ class Ops {
                                      const Tensor& mean, const Tensor& rstd) = 0;
   virtual void do_linear_forward(const Tensor& y, const Tensor& x, const Tensor& w,
                                  const Tensor& b) = 0;
-  virtual void do_linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db,
-                                  const Tensor& dy, const Tensor& x, const Tensor& w) = 0;
+  virtual void do_linear_backward_input(const Tensor& dx, const Tensor& dy, const Tensor& w) = 0;
+  virtual void do_linear_backward_weight(const Tensor& dw, const Tensor& db, const Tensor& dy,
+                                         const Tensor& x) = 0;
   virtual void do_linear_t_forward(const Tensor& y, const Tensor& x, const Tensor& w) = 0;
-  virtual void do_linear_t_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy,
-                                    const Tensor& x, const Tensor& w) = 0;
+  virtual void do_linear_t_backward_input(const Tensor& dx, const Tensor& dy, const Tensor& w) = 0;
+  virtual void do_linear_t_backward_weight(const Tensor& dw, const Tensor& dy, const Tensor& x) = 0;
   virtual void do_gelu_forward(const Tensor& y, const Tensor& x) = 0;
   virtual void do_gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) = 0;
   virtual void do_attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv,

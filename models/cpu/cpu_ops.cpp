@@ -120,13 +120,22 @@ class CpuOps final : public Ops {
     });
   }
 
-  void do_linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
-                          const Tensor& x, const Tensor& w) override {
-    enqueue([dx, dw, db, dy, x, w] {
+  void do_linear_backward_input(const Tensor& dx, const Tensor& dy, const Tensor& w) override {
+    enqueue([dx, dy, w] {
+      with_compute_type(dx.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::linear_backward_input<F>(ptr<F>(dx), ptr<F>(dy), param<F>(w), dx.shape().rows(),
+                                      dx.shape().back(), w.shape()[1]);
+      });
+    });
+  }
+
+  void do_linear_backward_weight(const Tensor& dw, const Tensor& db, const Tensor& dy,
+                                 const Tensor& x) override {
+    enqueue([dw, db, dy, x] {
       with_compute_type(x.type(), [&]<class F>(std::type_identity<F>) {
-        cpu::linear_backward<F>(ptr<F>(dx), grad<F>(dw), grad<F>(db), db.defined(), ptr<F>(dy),
-                                ptr<F>(x), param<F>(w), x.shape().rows(), x.shape().back(),
-                                w.shape()[1]);
+        cpu::linear_backward_weight<F>(grad<F>(dw), grad<F>(db), db.defined(), ptr<F>(dy),
+                                       ptr<F>(x), x.shape().rows(), x.shape().back(),
+                                       dw.shape()[1]);
       });
     });
   }
@@ -140,12 +149,20 @@ class CpuOps final : public Ops {
     });
   }
 
-  void do_linear_t_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy,
-                            const Tensor& x, const Tensor& w) override {
-    enqueue([dx, dw, dy, x, w] {
+  void do_linear_t_backward_input(const Tensor& dx, const Tensor& dy, const Tensor& w) override {
+    enqueue([dx, dy, w] {
+      with_compute_type(dx.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::linear_t_backward_input<F>(ptr<F>(dx), ptr<F>(dy), param<F>(w), dx.shape().rows(),
+                                        dx.shape().back(), w.shape()[0]);
+      });
+    });
+  }
+
+  void do_linear_t_backward_weight(const Tensor& dw, const Tensor& dy, const Tensor& x) override {
+    enqueue([dw, dy, x] {
       with_compute_type(x.type(), [&]<class F>(std::type_identity<F>) {
-        cpu::linear_t_backward<F>(ptr<F>(dx), grad<F>(dw), ptr<F>(dy), ptr<F>(x), param<F>(w),
-                                  x.shape().rows(), x.shape().back(), w.shape()[0]);
+        cpu::linear_t_backward_weight<F>(grad<F>(dw), ptr<F>(dy), ptr<F>(x), x.shape().rows(),
+                                         x.shape().back(), dw.shape()[0]);
       });
     });
   }

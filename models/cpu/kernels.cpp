@@ -372,15 +372,17 @@ void linear_forward(F* y, const F* x, Param<F> w, Param<F> b, bool has_bias, int
 }
 
 template <ComputeType F>
-void linear_backward(F* dx, Grad<F> dw, Grad<F> db, bool has_bias, const F* dy, const F* x,
-                     Param<F> w, int64_t N, int64_t C, int64_t OC) {
-  if (dx) {
-    std::unique_ptr<F[]> wbuf;
-    const F* wd = w.dense(C * OC, wbuf);
-    for_blocks(N, kGemmRows, [&](int64_t r0, int64_t r1) {
-      gemm<F>(false, true, r1 - r0, C, OC, F(1), dy + r0 * OC, OC, wd, OC, F(0), dx + r0 * C, C);
-    });
-  }
+void linear_backward_input(F* dx, const F* dy, Param<F> w, int64_t N, int64_t C, int64_t OC) {
+  std::unique_ptr<F[]> wbuf;
+  const F* wd = w.dense(C * OC, wbuf);
+  for_blocks(N, kGemmRows, [&](int64_t r0, int64_t r1) {
+    gemm<F>(false, true, r1 - r0, C, OC, F(1), dy + r0 * OC, OC, wd, OC, F(0), dx + r0 * C, C);
+  });
+}
+
+template <ComputeType F>
+void linear_backward_weight(Grad<F> dw, Grad<F> db, bool has_bias, const F* dy, const F* x,
+                            int64_t N, int64_t C, int64_t OC) {
   add_at_b<F>(dw, C, OC, N, x, C, dy, OC);
   if (has_bias) {
     const auto sums = scratch<F>(OC);
@@ -393,6 +395,13 @@ void linear_backward(F* dx, Grad<F> dw, Grad<F> db, bool has_bias, const F* dy, 
 }
 
 template <ComputeType F>
+void linear_backward(F* dx, Grad<F> dw, Grad<F> db, bool has_bias, const F* dy, const F* x,
+                     Param<F> w, int64_t N, int64_t C, int64_t OC) {
+  if (dx) linear_backward_input<F>(dx, dy, w, N, C, OC);
+  linear_backward_weight<F>(dw, db, has_bias, dy, x, N, C, OC);
+}
+
+template <ComputeType F>
 void linear_t_forward(F* y, const F* x, Param<F> w, int64_t N, int64_t C, int64_t V) {
   std::unique_ptr<F[]> wbuf;
   const F* wd = w.dense(V * C, wbuf);
@@ -402,14 +411,25 @@ void linear_t_forward(F* y, const F* x, Param<F> w, int64_t N, int64_t C, int64_
 }
 
 template <ComputeType F>
-void linear_t_backward(F* dx, Grad<F> dw, const F* dy, const F* x, Param<F> w, int64_t N,
-                       int64_t C, int64_t V) {
+void linear_t_backward_input(F* dx, const F* dy, Param<F> w, int64_t N, int64_t C, int64_t V) {
   std::unique_ptr<F[]> wbuf;
   const F* wd = w.dense(V * C, wbuf);
   for_blocks(N, kGemmRows, [&](int64_t r0, int64_t r1) {
     gemm<F>(false, false, r1 - r0, C, V, F(1), dy + r0 * V, V, wd, C, F(0), dx + r0 * C, C);
   });
+}
+
+template <ComputeType F>
+void linear_t_backward_weight(Grad<F> dw, const F* dy, const F* x, int64_t N, int64_t C,
+                              int64_t V) {
   add_at_b<F>(dw, V, C, N, dy, V, x, C);
+}
+
+template <ComputeType F>
+void linear_t_backward(F* dx, Grad<F> dw, const F* dy, const F* x, Param<F> w, int64_t N,
+                       int64_t C, int64_t V) {
+  linear_t_backward_input<F>(dx, dy, w, N, C, V);
+  linear_t_backward_weight<F>(dw, dy, x, N, C, V);
 }
 
 // ---- GELU --------------------------------------------------------------------------------------
@@ -589,7 +609,13 @@ void cross_entropy_backward(F* dlogits, const F* logits, const int32_t* targets,
                                   int64_t);                                                      \
   template void linear_backward<F>(F*, Grad<F>, Grad<F>, bool, const F*, const F*, Param<F>,     \
                                    int64_t, int64_t, int64_t);                                   \
+  template void linear_backward_input<F>(F*, const F*, Param<F>, int64_t, int64_t, int64_t);     \
+  template void linear_backward_weight<F>(Grad<F>, Grad<F>, bool, const F*, const F*, int64_t,   \
+                                          int64_t, int64_t);                                     \
   template void linear_t_forward<F>(F*, const F*, Param<F>, int64_t, int64_t, int64_t);          \
+  template void linear_t_backward_input<F>(F*, const F*, Param<F>, int64_t, int64_t, int64_t);   \
+  template void linear_t_backward_weight<F>(Grad<F>, const F*, const F*, int64_t, int64_t,       \
+                                            int64_t);                                            \
   template void linear_t_backward<F>(F*, Grad<F>, const F*, const F*, Param<F>, int64_t,         \
                                      int64_t, int64_t);                                          \
   template void gelu_forward<F>(F*, const F*, int64_t);                                          \

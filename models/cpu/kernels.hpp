@@ -101,6 +101,13 @@ void linear_forward(F* y, const F* x, Param<F> w, Param<F> b, bool has_bias, int
 template <ComputeType F>
 void linear_backward(F* dx, Grad<F> dw, Grad<F> db, bool has_bias, const F* dy, const F* x,
                      Param<F> w, int64_t N, int64_t C, int64_t OC);
+// Its two halves (linear_backward is exactly these in this order): dx = dy @ w^T; dw += x^T @ dy
+// and db += column sums of dy.
+template <ComputeType F>
+void linear_backward_input(F* dx, const F* dy, Param<F> w, int64_t N, int64_t C, int64_t OC);
+template <ComputeType F>
+void linear_backward_weight(Grad<F> dw, Grad<F> db, bool has_bias, const F* dy, const F* x,
+                            int64_t N, int64_t C, int64_t OC);
 
 // y[N,V] = x[N,C] @ w[V,C]^T.
 template <ComputeType F>
@@ -109,6 +116,12 @@ void linear_t_forward(F* y, const F* x, Param<F> w, int64_t N, int64_t C, int64_
 template <ComputeType F>
 void linear_t_backward(F* dx, Grad<F> dw, const F* dy, const F* x, Param<F> w, int64_t N,
                        int64_t C, int64_t V);
+// Its halves: dx = dy @ w; dw += dy^T @ x.
+template <ComputeType F>
+void linear_t_backward_input(F* dx, const F* dy, Param<F> w, int64_t N, int64_t C, int64_t V);
+template <ComputeType F>
+void linear_t_backward_weight(Grad<F> dw, const F* dy, const F* x, int64_t N, int64_t C,
+                              int64_t V);
 
 // GPT-2's tanh GELU over n elements; backward is the exact derivative of that formula.
 template <ComputeType F>

@@ -279,18 +279,22 @@ class CudaOps final : public Ops {
          {x.data(), a, C}, beta, y.data(), a, OC);
   }
 
-  void do_linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
-                          const Tensor& x, const Tensor& w) override {
-    const ScalarType a = x.type();
+  // linear_backward is these two in this order (ops.cpp), so a split backward gets its bits.
+  void do_linear_backward_input(const Tensor& dx, const Tensor& dy, const Tensor& w) override {
+    const ScalarType a = dx.type();
     require_param("linear_backward", "w", w, a);
+    const int64_t N = dx.shape().rows(), C = dx.shape().back(), OC = w.shape()[1];
+    // dx[N, C] = dy[N, OC] w[C, OC]^T
+    gemm("linear_backward", CUBLAS_OP_T, CUBLAS_OP_N, C, N, OC, 1.0f, {w.data(), a, OC},
+         {dy.data(), a, OC}, 0.0f, dx.data(), a, C);
+  }
+
+  void do_linear_backward_weight(const Tensor& dw, const Tensor& db, const Tensor& dy,
+                                 const Tensor& x) override {
+    const ScalarType a = x.type();
     require_grad("linear_backward", "dw", dw, a);
     if (db) require_grad("linear_backward", "db", db, a);
-    const int64_t N = x.shape().rows(), C = x.shape().back(), OC = w.shape()[1];
-    // dx[N, C] = dy[N, OC] w[C, OC]^T
-    if (dx) {
-      gemm("linear_backward", CUBLAS_OP_T, CUBLAS_OP_N, C, N, OC, 1.0f, {w.data(), a, OC},
-           {dy.data(), a, OC}, 0.0f, dx.data(), a, C);
-    }
+    const int64_t N = x.shape().rows(), C = x.shape().back(), OC = dw.shape()[1];
     // dw[C, OC] += x[N, C]^T dy[N, OC]
     gemm_into_grad("linear_backward", dw, CUBLAS_OP_N, CUBLAS_OP_T, OC, C, N, {dy.data(), a, OC},
                    {x.data(), a, C});
@@ -313,15 +317,19 @@ class CudaOps final : public Ops {
          {x.data(), a, C}, 0.0f, y.data(), a, V);
   }
 
-  void do_linear_t_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
-                            const Tensor& w) override {
-    const ScalarType a = x.type();
+  void do_linear_t_backward_input(const Tensor& dx, const Tensor& dy, const Tensor& w) override {
+    const ScalarType a = dx.type();
     require_param("linear_t_backward", "w", w, a);
-    require_grad("linear_t_backward", "dw", dw, a);
-    const int64_t N = x.shape().rows(), C = x.shape().back(), V = w.shape()[0];
+    const int64_t N = dx.shape().rows(), C = dx.shape().back(), V = w.shape()[0];
     // dx[N, C] = dy[N, V] w[V, C]
     gemm("linear_t_backward", CUBLAS_OP_N, CUBLAS_OP_N, C, N, V, 1.0f, {w.data(), a, C},
          {dy.data(), a, V}, 0.0f, dx.data(), a, C);
+  }
+
+  void do_linear_t_backward_weight(const Tensor& dw, const Tensor& dy, const Tensor& x) override {
+    const ScalarType a = x.type();
+    require_grad("linear_t_backward", "dw", dw, a);
+    const int64_t N = x.shape().rows(), C = x.shape().back(), V = dw.shape()[0];
     // dw[V, C] += dy[N, V]^T x[N, C]
     gemm_into_grad("linear_t_backward", dw, CUBLAS_OP_N, CUBLAS_OP_T, C, V, N, {x.data(), a, C},
                    {dy.data(), a, V});

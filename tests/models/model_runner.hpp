@@ -84,10 +84,52 @@ class ModelRunner {
       c.grad_scale = grad_scale;
       model_.units[u]->backward(c);
       dprev = c.grad_input;
+      if (keep_grad_inputs_) grad_inputs_[u] = c.grad_input;
       c = UnitContext();  // drop everything this micro-batch kept
     }
     ops_.check_errors();
   }
+  // The split backward (core/unit.hpp, "Split backward"): the input part of every Unit, last to
+  // first, on the contexts of the last forward. The contexts are handed back, holding what each
+  // Unit kept for its weight part, so several micro-batches may wait for their weight parts at
+  // once. Everything the contract says the weight part does not read (parameters, batch, input,
+  // grad_output) is dropped from them, so a Unit that reads it anyway fails.
+  std::vector<UnitContext> backward_input(float grad_scale = 1.0f) {
+    Tensor dprev;
+    for (size_t u = model_.units.size(); u-- > 0;) {
+      bound_run_ahead(model_.units.size() - 1 - u);
+      UnitContext& c = ctx_[u];
+      c.params = gather(params_, u);
+      c.grads = gather(grads_, u);
+      c.grad_output = dprev;
+      c.grad_scale = grad_scale;
+      model_.units[u]->backward_input(c);
+      dprev = c.grad_input;
+      if (keep_grad_inputs_) grad_inputs_[u] = c.grad_input;
+      UnitContext kept;
+      kept.state = std::move(c.state);
+      c = std::move(kept);
+    }
+    ops_.check_errors();
+    return std::move(ctx_);
+  }
+  // The weight part of every Unit, last to first, on contexts backward_input returned.
+  void backward_weight(std::vector<UnitContext>& ctx) {
+    for (size_t u = model_.units.size(); u-- > 0;) {
+      bound_run_ahead(model_.units.size() - 1 - u);
+      UnitContext& c = ctx[u];
+      c.grads = gather(grads_, u);
+      model_.units[u]->backward_weight(c);
+      c = UnitContext();
+    }
+    ops_.check_errors();
+  }
+  // Keep each Unit's grad_input of the last backward (or backward_input) for grad_input(u).
+  void keep_grad_inputs(bool on) {
+    keep_grad_inputs_ = on;
+    grad_inputs_.assign(model_.units.size(), Tensor());
+  }
+  const Tensor& grad_input(size_t unit) const { return grad_inputs_.at(unit); }
   double forward_backward(const Batch& batch, const std::vector<bool>& checkpoint = {},
                           float grad_scale = 1.0f) {
     const double loss = forward(batch, checkpoint);
@@ -179,6 +221,8 @@ class ModelRunner {
   models::Ops& ops_;
   std::vector<Tensor> params_, grads_;
   std::vector<UnitContext> ctx_;
+  bool keep_grad_inputs_ = false;
+  std::vector<Tensor> grad_inputs_;
   std::unique_ptr<Event> unit_done_ = ops_.device().create_event();
 };
 
