@@ -5,6 +5,7 @@
 //   all_reduce      recv[0, count) = op over ranks q of send_q[0, count)
 //   broadcast       buf of every rank = buf of `root`
 //   barrier         completes once every rank has reached it
+//   send / recv     point-to-point: buf of this rank -> buf of `peer` (see "Send and receive")
 //
 // Backends: MPI for host buffers (make_mpi_communicator), NCCL for device buffers
 // (make_nccl_communicator); make_communicator picks by the device's kind.
@@ -33,6 +34,33 @@
 // A world of one rank does no communication and no copy it need not do (an in-place call is a
 // marker on the stream; an out-of-place one is one copy).
 //
+// Send and receive (point-to-point, for pipeline stages: docs/collectives.md, "Send and receive").
+//   send(buf, count, dtype, peer) on rank A and recv(buf, count, dtype, A) on rank `peer` move
+//   `count` elements. Not collective: only the two ranks take part. Like the collectives they
+//   return at once; the transfer starts once `after` has completed. The send's Work completes
+//   when `buf` may be reused, the recv's when `buf` holds the data. Both sides must agree on
+//   count and dtype (MPI: a different element count is an error on the receiver naming both
+//   ranks; NCCL cannot check it). Between one pair of ranks, the sends from A to B match B's
+//   receives from A in the order each side posted them (per direction; the two directions and
+//   different peers are independent). count = 0: no message at all, on either side; the Work
+//   completes after `after`. A peer outside [0, size) or equal to rank() throws zero::Error at
+//   the call (a world of one has no peer). Sends and receives are not ordered with this
+//   communicator's collectives: use the Works' events.
+//
+//   Deadlock rules. MPI: any order is safe. Every send and recv is posted as a nonblocking
+//   MPI_Isend/MPI_Irecv (tag kP2pTag, distinct from the collectives' own messages) by the
+//   communicator's worker, which never waits for it; completion is watched by one helper stream
+//   per (peer, direction) that polls MPI_Test, so a receive that has not been matched yet never
+//   holds back a later send, and a send's completion never holds back a recv from another
+//   channel. So two neighbours may both post their sends before their receives.
+//   NCCL: ncclSend/ncclRecv are blocking for the GPU stream they run on, so two ranks that each
+//   post a lone send to the other before their recv would both wait forever. Calls to
+//   batch_send_recv() are fused into one ncclGroupStart/End and progress together: post a
+//   send and a recv that must overlap (a stage's activation out and gradient in) as ONE batch.
+//   Lone send()/recv() calls (batches of one) run one after another on the communicator's
+//   stream; their order must then be compatible on both ranks (e.g. the lower rank sends first).
+//   A portable caller (the pipeline executor) batches every send/recv pair that must overlap.
+//
 // Thread-safety: calls on one Communicator must come from one thread at a time. Different
 // communicators (e.g. split() results) may be used from different threads.
 #pragma once
@@ -41,7 +69,9 @@
 
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "core/device.hpp"
 #include "core/dtype.hpp"
@@ -71,6 +101,27 @@ class Work {
   std::shared_ptr<Event> done_;
 };
 
+// One operation of batch_send_recv(): a send of `count` elements of `buf` to `peer`, or a recv
+// into `buf` from `peer`.
+struct P2POp {
+  enum class Kind { send, recv };
+  Kind kind;
+  void* buf;  // a send only reads it
+  size_t count;
+  DType dtype;
+  int peer;
+
+  static P2POp send(const void* buf, size_t count, DType dtype, int peer) {
+    return {Kind::send, const_cast<void*>(buf), count, dtype, peer};
+  }
+  static P2POp recv(void* buf, size_t count, DType dtype, int peer) {
+    return {Kind::recv, buf, count, dtype, peer};
+  }
+};
+
+// The tag of point-to-point messages on the MPI backend (the collectives' exchange uses tag 0).
+inline constexpr int kP2pTag = 17;
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -94,6 +145,16 @@ class Communicator {
                          Event* after = nullptr) = 0;
   virtual Work barrier(Event* after = nullptr) = 0;
 
+  // Point-to-point (see "Send and receive" above). Each is a batch of one operation.
+  Work send(const void* buf, size_t count, DType dtype, int peer, Event* after = nullptr);
+  Work recv(void* buf, size_t count, DType dtype, int peer, Event* after = nullptr);
+  // Posts `ops` together, after `after`; returns one Work per op, in the order of `ops`. The
+  // ops progress independently of each other (NCCL: one group), so a send and a recv that
+  // must overlap go here together. Throws zero::Error before posting anything if an op names a
+  // bad peer.
+  virtual std::vector<Work> batch_send_recv(std::span<const P2POp> ops,
+                                            Event* after = nullptr) = 0;
+
   // A sub-communicator of the ranks that pass the same `color` (>= 0), ordered by `key` then
   // by rank here; color < 0: this rank joins none and gets null. Collective over this
   // communicator; blocks until the new communicator exists (a set-up call, not for the step).
@@ -101,6 +162,9 @@ class Communicator {
 
  protected:
   Communicator(int rank, int size) : rank_(rank), size_(size) {}
+  // The checks every backend makes before posting a batch: each op's peer is another rank of
+  // this communicator. Throws zero::Error naming the op, this rank and the peer.
+  void check_p2p(std::span<const P2POp> ops) const;
 
  private:
   int rank_, size_;

@@ -10,12 +10,24 @@
 //   all_reduce      the same reduce-scatter over N near-equal parts, then MPI_Allgatherv in
 //                   place: bitwise the values reduce_scatter gives.
 //   all_gather      MPI_Allgather; broadcast MPI_Bcast; barrier MPI_Barrier.
+//   send / recv     MPI_Isend / MPI_Irecv with tag kP2pTag, posted by the worker in call order
+//                   (so MPI's non-overtaking rule gives the per-pair order communicator.hpp
+//                   promises); the worker never waits for them. Each (peer, direction) has a
+//                   channel stream whose tasks poll MPI_Test for that channel's requests in
+//                   order, then record the op's Work event: an unmatched recv holds back only
+//                   later recvs from the same peer, never a send or another peer's traffic.
+//                   Polling (not MPI_Wait, which Open MPI spins in) keeps an idle channel off
+//                   the cores the ranks compute on; each poll drives MPI's progress engine.
 //
 // Scratch: 2 x (N-1) segments, allocated once from the Device (ledger: communication
 // buffers) and pre-faulted, touched only by the worker thread.
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstring>
+#include <map>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "collectives/communicator.hpp"
@@ -48,6 +60,12 @@ int checked_count(size_t count, const char* what) {
   return static_cast<int>(count);
 }
 
+// Polling of a p2p request: this many MPI_Test calls separated by a yield, then one every
+// kPollSleep. The sleep bounds the latency a completed message can wait to be noticed (Linux
+// adds its ~50 us timer slack) while costing an idle channel well under 1% of a core.
+constexpr int kPollSpins = 64;
+constexpr auto kPollSleep = std::chrono::microseconds(20);
+
 // The part of a buffer each rank reduces: [offset, offset + len) in elements.
 struct Part {
   size_t offset = 0, len = 0;
@@ -75,6 +93,7 @@ class MpiCommunicator final : public Communicator {
 
   ~MpiCommunicator() override {
     stream_.reset();  // drains every queued collective before the communicator goes
+    channels_.clear();  // waits for every posted send and recv to complete
     // After MPI_Finalize (a communicator kept in a static) MPI may not be called; the process
     // is ending and MPI has released the communicator with everything else.
     int finalized = 0;
@@ -150,6 +169,43 @@ class MpiCommunicator final : public Communicator {
     return submit(after, [this] { ZERO_CHECK_MPI(MPI_Barrier(comm_)); });
   }
 
+  std::vector<Work> batch_send_recv(std::span<const P2POp> ops, Event* after) override {
+    check_p2p(ops);
+    for (const P2POp& op : ops) checked_count(op.count, "send/recv");
+    // The worker fills `requests`; each channel task reads its own entry after the `posted`
+    // marker has passed (the marker's record/wait is the hand-off between the two threads).
+    auto requests = std::make_shared<std::vector<MPI_Request>>(ops.size(), MPI_REQUEST_NULL);
+    std::vector<P2POp> list(ops.begin(), ops.end());
+    const Work posted = submit(after, [this, requests, list] {
+      for (size_t i = 0; i < list.size(); ++i) {
+        const P2POp& op = list[i];
+        if (op.count == 0) continue;  // no message (communicator.hpp)
+        const int n = static_cast<int>(op.count);
+        MPI_Request* req = &(*requests)[i];
+        if (op.kind == P2POp::Kind::send)
+          ZERO_CHECK_MPI(MPI_Isend(op.buf, n, mpi_type(op.dtype), op.peer, kP2pTag, comm_, req));
+        else
+          ZERO_CHECK_MPI(MPI_Irecv(op.buf, n, mpi_type(op.dtype), op.peer, kP2pTag, comm_, req));
+      }
+    });
+    std::vector<Work> works;
+    works.reserve(list.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      const P2POp op = list[i];
+      if (op.count == 0) {
+        works.push_back(posted);
+        continue;
+      }
+      Stream& ch = channel(op.peer, op.kind);
+      ch.wait(*posted.event());
+      ch.launch_host([this, requests, i, op] { finish(&(*requests)[i], op); });
+      std::shared_ptr<Event> done = make_cpu_event();
+      ch.record(*done);
+      works.emplace_back(std::move(done));
+    }
+    return works;
+  }
+
   std::unique_ptr<Communicator> split(int color, int key) override {
     MPI_Comm sub = MPI_COMM_NULL;
     // On the worker, so it is ordered with (and never concurrent to) this communicator's
@@ -181,6 +237,49 @@ class MpiCommunicator final : public Communicator {
     std::shared_ptr<Event> done = make_cpu_event();
     stream_->record(*done);
     return Work(std::move(done));
+  }
+
+  // The channel stream of messages to (send) or from (recv) `peer`, made on first use.
+  Stream& channel(int peer, P2POp::Kind kind) {
+    auto& s = channels_[{peer, kind}];
+    if (!s)
+      s = make_cpu_stream(std::string("mpi-") + (kind == P2POp::Kind::send ? "to" : "from") +
+                          std::to_string(peer));
+    return *s;
+  }
+
+  // Runs on a channel stream: polls the request until it completes; checks a recv's size.
+  void finish(MPI_Request* req, const P2POp& op) {
+    const bool is_send = op.kind == P2POp::Kind::send;
+    auto where = [&] {
+      return std::string(is_send ? "send of " : "recv of ") + std::to_string(op.count) + " " +
+             std::string(to_string(op.dtype)) + " elements " + (is_send ? "to" : "from") +
+             " rank " + std::to_string(op.peer) + " on rank " + std::to_string(rank());
+    };
+    MPI_Status status;
+    int done = 0;
+    for (int spins = 0;; ++spins) {
+      const int rc = MPI_Test(req, &done, &status);
+      if (rc != MPI_SUCCESS) {
+        char text[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        MPI_Error_string(rc, text, &len);
+        ZERO_FAIL("MPI communicator: " + where() + " failed: " + std::string(text, size_t(len)) +
+                  "\nHINT: a recv must name the same count and dtype as the matching send");
+      }
+      if (done) break;
+      if (spins < kPollSpins) std::this_thread::yield();
+      else std::this_thread::sleep_for(kPollSleep);
+    }
+    if (is_send) return;
+    int got = 0;
+    ZERO_CHECK_MPI(MPI_Get_count(&status, mpi_type(op.dtype), &got));
+    ZERO_REQUIRE(got == static_cast<int>(op.count),
+                 "MPI communicator: " + where() + ": the message has " +
+                     (got == MPI_UNDEFINED ? std::string("a size that is no whole number of")
+                                           : std::to_string(got)) +
+                     " elements\nHINT: a send and its recv must agree on count and dtype, and "
+                     "both ranks must post their messages between the pair in the same order");
   }
 
   // No communication: copy `bytes` (0: nothing to copy, just a marker in stream order).
@@ -256,6 +355,8 @@ class MpiCommunicator final : public Communicator {
   Device& device_;
   std::unique_ptr<Stream> stream_;
   Buffer scratch_;
+  // Point-to-point completion, one in-order stream per (peer, direction); see the top.
+  std::map<std::pair<int, P2POp::Kind>, std::unique_ptr<Stream>> channels_;
 };
 
 }  // namespace

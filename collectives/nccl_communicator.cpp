@@ -15,6 +15,13 @@
 //     reduced in place in recv, then gathered in place: ncclAllGather of the b-element parts plus,
 //     when count % N != 0, an ncclBroadcast of the leftover from the last rank.
 //
+// send / recv: ncclSend / ncclRecv on the comm stream. A batch (batch_send_recv) is one
+// ncclGroupStart/End, so its ops progress together and two neighbours exchanging an activation
+// and a gradient cannot block each other; NCCL runs a group's ops to the same peer in order and
+// matches a pair's sends and recvs in issue order. Lone calls are blocking for the stream
+// (communicator.hpp, "Deadlock rules"). Every op of a batch completes with the group, so all
+// get the same Work. The peers' p2p connections exist from creation (connect_every_peer).
+//
 // Streams and hand-offs. Collectives run on the communicator's stream (the "comm" stream, high
 // priority). The reduction kernels run on a second internal stream ("reduce"), so the exchange
 // of segment k + 1 proceeds while segment k is being reduced; the scratch holds two slots of
@@ -381,6 +388,31 @@ class NcclCommunicator final : public Communicator {
                            nccl_);
     }
     return complete();
+  }
+
+  std::vector<Work> batch_send_recv(std::span<const P2POp> ops, Event* after) override {
+    check_p2p(ops);  // with one rank every op is rejected here, so nccl_ exists below
+    DeviceScope scope(dev_);
+    begin(after);
+    bool any = false;
+    for (const P2POp& op : ops) any = any || op.count > 0;
+    if (any) {
+      NcclGroup group(nccl_);
+      for (const P2POp& op : ops) {
+        if (op.count == 0) continue;  // no message (communicator.hpp)
+        if (op.kind == P2POp::Kind::send) {
+          ZERO_CHECK_NCCL_COMM(
+              ncclSend(op.buf, op.count, nccl_type(op.dtype), op.peer, nccl_, comm_stream()),
+              nccl_);
+        } else {
+          ZERO_CHECK_NCCL_COMM(
+              ncclRecv(op.buf, op.count, nccl_type(op.dtype), op.peer, nccl_, comm_stream()),
+              nccl_);
+        }
+      }
+      group.end();
+    }
+    return std::vector<Work>(ops.size(), complete());
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {

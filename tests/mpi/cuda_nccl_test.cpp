@@ -690,6 +690,93 @@ TEST_CASE("nccl: unaligned buffers give the same results") {
     }
 }
 
+// ---- point-to-point (communicator.hpp, "Send and receive") ----------------------------------
+
+TEST_CASE("nccl send/recv: a ring, every rank sends to rank+1 and receives from rank-1 at once") {
+  REQUIRE_GPU_PER_RANK();
+  Rig& g = rig();
+  coll::Communicator& c = *g.comm;
+  const int n = c.size(), r = c.rank();
+  if (n == 1) {  // a world of one has no peer
+    CHECK_THROWS_WITH(c.send(nullptr, 0, DType::f32, 0),
+                      Catch::Matchers::ContainsSubstring("itself"));
+    return;
+  }
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  for (DType dt : {DType::f32, DType::bf16})
+    for (size_t count : {size_t(1), size_t(1009), size_t(1) << 20}) {
+      INFO(to_string(dt) << " count " << count << " on " << n << " ranks");
+      const uint64_t salt = 7000 + count;
+      Buffer out = g.device->allocate(count * size_of(dt), MemCategory::other);
+      Buffer in = g.device->allocate(count * size_of(dt), MemCategory::other);
+      upload(out.data(), dt, inputs_of(dt, r, count, salt));
+      upload(in.data(), dt, sentinel(dt, count));
+      // The send listed first on every rank: one batch, so NCCL progresses both together.
+      const coll::P2POp ops[] = {coll::P2POp::send(out.data(), count, dt, next),
+                                 coll::P2POp::recv(in.data(), count, dt, prev)};
+      auto works = c.batch_send_recv(ops);
+      REQUIRE(works.size() == 2);
+      for (auto& w : works) w.wait();
+      const auto got = download(in.data(), dt, count);
+      CHECK(mismatches(got, [&](size_t i) { return input(dt, prev, i, salt); }) == "");
+    }
+}
+
+TEST_CASE("nccl send/recv: both directions between neighbours at once, several in flight") {
+  REQUIRE_GPU_PER_RANK();
+  Rig& g = rig();
+  coll::Communicator& c = *g.comm;
+  const int r = c.rank();
+  const int peer = r % 2 == 0 ? r + 1 : r - 1;
+  if (peer >= c.size()) return;  // no neighbour (a world of one; the last of an odd world)
+  // Pairs (0,1), (2,3): the lower rank sends activations up while receiving gradients down,
+  // every batch listing its send first; three micro-batches queued before any is waited for,
+  // then lone calls in a compatible order (the lower rank sends first), which NCCL runs one
+  // after another on the stream.
+  constexpr int kMicro = 3;
+  const size_t count = size_t(1) << 20;
+  const DType dt = DType::bf16;
+  std::vector<Buffer> out, in;
+  std::vector<coll::Work> works;
+  for (int m = 0; m < kMicro; ++m) {
+    out.push_back(g.device->allocate(count * size_of(dt), MemCategory::other));
+    in.push_back(g.device->allocate(count * size_of(dt), MemCategory::other));
+    upload(out.back().data(), dt, inputs_of(dt, r, count, 8000 + uint64_t(m)));
+    upload(in.back().data(), dt, sentinel(dt, count));
+  }
+  for (int m = 0; m < kMicro; ++m) {
+    const coll::P2POp ops[] = {coll::P2POp::send(out[size_t(m)].data(), count, dt, peer),
+                               coll::P2POp::recv(in[size_t(m)].data(), count, dt, peer)};
+    for (auto& w : c.batch_send_recv(ops)) works.push_back(w);
+  }
+  for (auto& w : works) w.wait();
+  for (int m = 0; m < kMicro; ++m) {
+    INFO("micro-batch " << m);
+    const auto got = download(in[size_t(m)].data(), dt, count);
+    CHECK(mismatches(got, [&](size_t i) { return input(dt, peer, i, 8000 + uint64_t(m)); }) == "");
+  }
+  // Lone calls, and count 0 (no message on either side; a Work all the same).
+  upload(in[0].data(), dt, sentinel(dt, count));
+  coll::Work a, b;
+  if (r < peer) {
+    a = c.send(out[1].data(), count, dt, peer);
+    b = c.recv(in[0].data(), count, dt, peer);
+  } else {
+    a = c.recv(in[0].data(), count, dt, peer);
+    b = c.send(out[1].data(), count, dt, peer);
+  }
+  coll::Work none = c.send(out[2].data(), 0, dt, peer);
+  a.wait();
+  b.wait();
+  none.wait();
+  const auto got = download(in[0].data(), dt, count);
+  CHECK(mismatches(got, [&](size_t i) { return input(dt, peer, i, 8001); }) == "");
+  CHECK_THROWS_WITH(c.recv(in[0].data(), count, dt, c.size()),
+                    Catch::Matchers::ContainsSubstring("not a rank of this communicator"));
+  CHECK_THROWS_WITH(c.send(out[0].data(), count, dt, r),
+                    Catch::Matchers::ContainsSubstring("itself"));
+}
+
 TEST_CASE(
     "cuda_reduce_async: rank order, passes past 32 inputs, unaligned, in place, host_reduce") {
   REQUIRE_GPU_PER_RANK();
