@@ -4,7 +4,7 @@
 // bitwise like one over the model; with two stages, the two views chained forward and backward
 // give the model's loss and gradients bitwise (wte's as the sum of the two views').
 //
-// Why bitwise, not a tolerance: the adapters forward to the same Units on the same tensors
+// Why bitwise, not a tolerance: the adapters forward to the same Units on equal parameter
 // values, so every kernel sees the same inputs in the same order. The one new operation is the
 // sum of wte's two gradients. In the whole model the head's backward adds its contribution to a
 // zeroed gradient (exact: 0 + h = h) and the embedding's backward then adds its own once per row
