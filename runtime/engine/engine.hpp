@@ -67,6 +67,7 @@
 #include "optim/loss_scaler.hpp"
 #include "core/unit.hpp"
 #include "runtime/engine/partition.hpp"
+#include "runtime/pipeline/schedule.hpp"
 
 namespace zero {
 
@@ -166,6 +167,21 @@ class Engine {
   // (already on the device), each forward then backward; then reduction, clipping and AdamW.
   // Collective: every rank calls it.
   StepStats step(const std::function<Batch(int micro)>& next);
+
+  // One pipeline stage's part of one optimizer step (docs/pipeline.md, "The executor (first
+  // version)"): this Engine was built over the stage's view (pipeline::stage_model) and runs
+  // `list` (the stage's instructions, e.g. pipeline::one_f_one_b(p, m, s)) in order. `pipe` is
+  // the communicator over the pipeline's stages; prev_rank / next_rank are the neighbouring
+  // stages' ranks in it (-1: this is the first / last stage). next(mb) is asked at `load` (the
+  // first stage's features, the last stage's labels: its targets). Activations travel with a
+  // small header (scalar type and shape) so a receiver needs no knowledge of the model; a
+  // gradient has the shape of the activation this stage sent. Collective over the pipeline:
+  // every stage calls it with its own list. First version: ZeRO stage 0, one data-parallel
+  // rank, fp32, no clipping (the norm across stages is not summed yet), no offload; anything
+  // else throws zero::Error. StepStats::loss is the mean loss on the last stage, 0 elsewhere;
+  // grad_norm is this stage's own part.
+  StepStats pipeline_step(const pipeline::Stage& list, coll::Communicator& pipe, int prev_rank,
+                          int next_rank, const std::function<Batch(int micro)>& next);
 
   // The current fp32 value of parameter p (the master copy), gathered from the ranks that own
   // it. Collective.
