@@ -14,6 +14,12 @@
 //
 // Called by the schedule (views, after_backward, drain), the step (finish, clear) and the
 // optimizer step (device_grad, grad_type).
+//
+// Ownership and threading: owns the gradient buffers and the reductions in flight (each keeps
+// its full buffer until done). Only the thread driving the Engine calls it. Reductions start
+// after the compute stream's current point and run on the communicator's stream; the host
+// blocks only in drain(), finish(), when the bucket bound is reached, without overlap_comm, and
+// with offload while a reduced shard is copied down (HostOffload::land).
 #pragma once
 
 #include <functional>

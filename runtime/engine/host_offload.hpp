@@ -14,6 +14,9 @@
 //
 // Host buffers are allocated from `memory()`, which outlives them (ParamResidency's offloaded
 // shards included: the engine declares this first).
+//
+// Threading: the thread driving the Engine calls every method; the work it launches runs on the
+// two host threads, and the wait_* calls block the driving thread until they are done.
 #pragma once
 
 #include <functional>

@@ -12,6 +12,11 @@
 // then runs as soon as its final gradient has landed (landed()), into the second bank. apply()
 // keeps those results when the step it computes is the guessed one bit for bit, and otherwise
 // runs AdamW again from the untouched bank. After a clipped or skipped step it does not guess.
+//
+// Ownership and threading: owns AdamW's device state, the norms' scratch, the loss scaler and the
+// step counters; only the thread driving the Engine calls it (host AdamW runs on HostOffload's
+// optimizer thread). apply() blocks the host for the norm (one small copy and, over ranks, one
+// all-reduce) and, with offload, for each group's host AdamW and its copy up.
 #pragma once
 
 #include <cstdint>

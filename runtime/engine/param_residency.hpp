@@ -12,6 +12,12 @@
 //
 // Called by the schedule (use, prefetch, release_after, release_all, views), by the optimizer
 // step (working, gather_whole) and by checkpoints (wait_gathers, release_all).
+//
+// Ownership and threading: owns the working buffers, the pooled gathered buffers and, with
+// offload_param, the host shards (from HostOffload's memory, which outlives them). Only the
+// thread driving the Engine calls it. The all-gathers run on the communicator's stream; use()
+// makes the compute stream wait for them (the host only with timers); release_after() and
+// release_all() block the host until the compute stream has passed the Unit.
 #pragma once
 
 #include <cstdint>

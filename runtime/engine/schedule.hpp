@@ -11,6 +11,9 @@
 // For each pass the runner asks ParamResidency for the Unit's parameters (gathered, prefetching
 // what comes next, released after), runs the Unit, and after a backward hands the Unit's group
 // to GradReduction. It reads each micro-batch's loss after its last Unit's forward.
+//
+// Threading: run() is called by the thread driving the Engine and blocks it for one step; it
+// reads each micro-batch's loss with one synchronize of the compute stream.
 #pragma once
 
 #include <functional>
