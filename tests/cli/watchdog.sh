@@ -24,10 +24,17 @@ mkdir -p "$work"
 cd "$work" || exit 1
 export OPENBLAS_NUM_THREADS=1
 
-# Waits (up to 120 s) until the job has saved its first checkpoint and trained 20 steps past it.
+# Waits (up to 120 s) until the job has saved its first checkpoint and trained 20 steps past it,
+# then lets it train 3 s more: a step takes ~10 ms here, so those 40 steps can pass between two
+# heartbeats (one per 0.6 s), and a rank stopped then would still be reported in "start-up".
+# 3 s is 5 heartbeat intervals, so the last heartbeat before the fault names a step.
 wait_for_training() {
   for _ in $(seq 1200); do
-    if [ -f ck/latest ] && [ "$(grep -c '"loss"' ck/metrics.jsonl 2>/dev/null)" -ge 40 ]; then return 0; fi
+    if [ -f ck/latest ] && [ "$(grep -c '"loss"' ck/metrics.jsonl 2>/dev/null)" -ge 40 ]; then
+      sleep 3
+      kill -0 "$1" 2>/dev/null || { cat run.log; fail "the job ended before the fault"; }
+      return 0
+    fi
     kill -0 "$1" 2>/dev/null || { cat run.log; fail "the job ended before the fault"; }
     sleep 0.1
   done
