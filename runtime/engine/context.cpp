@@ -4,9 +4,10 @@
 
 namespace zero::engine {
 
-Context::Context(Model& m, Device& d, Stream& c, coll::Communicator& k, EngineOptions opt)
+Context::Context(Model& m, Device& d, Stream& c, coll::Communicator& k, EngineOptions opt,
+                 PipelinePlace pl)
     : model(m), dev(d), compute(c), comm(k), o(std::move(opt)), part(m, k.size()),
-      rank(k.rank()), world(k.size()), compute_done_(d.create_event()) {
+      rank(k.rank()), world(k.size()), place(std::move(pl)), compute_done_(d.create_event()) {
   fence_[0] = d.create_event();
   fence_[1] = d.create_event();
 }

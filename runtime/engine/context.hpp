@@ -46,15 +46,17 @@ struct StepTimers {
   double forward = 0, backward = 0;      // the host's time in each phase
   double d2h = 0, h2d = 0;               // offload: waits for copies down / up
   double adam_waited = 0;                // offload: waits for the host optimizer thread
+  double p2p_wait = 0;                   // pipeline: waits for a neighbouring stage
   std::atomic<int64_t> adam_ns{0};       // offload: AdamW time on the host optimizer thread
   void reset_step() {
-    forward = backward = exposed = d2h = h2d = adam_waited = 0;
+    forward = backward = exposed = d2h = h2d = adam_waited = p2p_wait = 0;
     adam_ns = 0;
   }
 };
 
 struct Context {
-  Context(Model& m, Device& d, Stream& c, coll::Communicator& k, EngineOptions opt);
+  Context(Model& m, Device& d, Stream& c, coll::Communicator& k, EngineOptions opt,
+          PipelinePlace pl = {});
 
   Model& model;
   Device& dev;
@@ -65,6 +67,7 @@ struct Context {
   int rank, world;
   DType dtype = DType::f32;              // of the working parameters and the gradients
   bool off = false, off_param = false;   // offload_optimizer, offload_param
+  PipelinePlace place;                   // a pipeline stage's (inactive otherwise)
 
   // The elements this rank updates, concatenated group by group: the whole padded model at
   // stage 0, the rank's shards otherwise (set by plan_owned()).

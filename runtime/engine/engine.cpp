@@ -8,8 +8,8 @@
 namespace zero {
 
 Engine::Engine(Model& model, Device& device, Stream& compute, coll::Communicator& comm,
-               EngineOptions options)
-    : s_(std::make_unique<State>(model, device, compute, comm, std::move(options))) {
+               EngineOptions options, PipelinePlace place)
+    : s_(std::make_unique<State>(model, device, compute, comm, std::move(options), std::move(place))) {
   State& s = *s_;
   engine::Context& x = s.x;
   check_engine_options(x.o);

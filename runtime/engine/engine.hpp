@@ -144,11 +144,39 @@ struct StepStats {
   struct Times {
     double forward = 0, backward = 0, optimizer = 0, comm_busy = 0, comm_exposed = 0;
     double d2h = 0, h2d = 0, host_adam = 0, host_adam_waited = 0;
+    // Pipeline stages: the whole step on the host (wall), and the part the host was blocked on
+    // a neighbouring stage (a receive it needed, or its sends at the end): the stage's measured
+    // bubble is p2p_wait / step.
+    double step = 0, p2p_wait = 0;
+    double bubble() const noexcept { return step > 0 ? p2p_wait / step : 0.0; }
     double hidden() const noexcept { return comm_busy > 0 ? 1.0 - comm_exposed / comm_busy : 1.0; }
     double host_adam_hidden() const noexcept {
       return host_adam > 0 ? 1.0 - host_adam_waited / host_adam : 1.0;
     }
   } time;
+};
+
+// Where an Engine sits in a pipeline (docs/pipeline.md, "Composition"): it was built over one
+// stage's view of the model (pipeline::stage_model), and its communicator is the stage's
+// data-parallel group. make_pipeline_stage (pipeline_stage.hpp) fills this from a cut and the
+// grid's pipeline communicator.
+struct PipelinePlace {
+  coll::Communicator* pipe = nullptr;  // this data-parallel index's stages; rank in it = stage
+  int stage = 0, stages = 1;
+  // The view's parameter index -> the whole model's (pipeline::StageModel::to_original): the
+  // index checkpoints save under and the order the global norm sums in.
+  std::vector<int> to_original;
+  // Parameters another stage holds a copy of (a GPT's wte: the embedding on the first stage, the
+  // head on the last), as view indices. Their gradients are summed over `tied_comm` (the stages
+  // holding them, same data-parallel index) before the data-parallel reduction, so every copy
+  // takes the same step; the lowest of those stages (`owns_tied`) counts them in the norm and
+  // saves them.
+  std::vector<int> tied;
+  coll::Communicator* tied_comm = nullptr;
+  bool owns_tied = true;
+  bool active() const noexcept { return pipe != nullptr; }
+  int prev() const noexcept { return stage > 0 ? stage - 1 : -1; }
+  int next() const noexcept { return stage + 1 < stages ? stage + 1 : -1; }
 };
 
 class Engine {
@@ -157,8 +185,9 @@ class Engine {
   // Engine. `comm` is a communicator over the data-parallel ranks (rank i owns shard i).
   // Allocates and initialises the model state. Throws zero::Error for a bad option, OutOfMemory
   // when the state does not fit the device.
+  // `place`: this Engine is one pipeline stage (above); its pointers must outlive the Engine.
   Engine(Model& model, Device& device, Stream& compute, coll::Communicator& comm,
-         EngineOptions options);
+         EngineOptions options, PipelinePlace place = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -168,20 +197,16 @@ class Engine {
   // Collective: every rank calls it.
   StepStats step(const std::function<Batch(int micro)>& next);
 
-  // One pipeline stage's part of one optimizer step (docs/pipeline.md, "The executor (first
-  // version)"): this Engine was built over the stage's view (pipeline::stage_model) and runs
-  // `list` (the stage's instructions, e.g. pipeline::one_f_one_b(p, m, s)) in order. `pipe` is
-  // the communicator over the pipeline's stages; prev_rank / next_rank are the neighbouring
-  // stages' ranks in it (-1: this is the first / last stage). next(mb) is asked at `load` (the
-  // first stage's features, the last stage's labels: its targets). Activations travel with a
+  // One pipeline stage's part of one optimizer step (docs/pipeline.md, "The executor"): this
+  // Engine was built with a PipelinePlace and runs `list` (its stage's instructions, e.g.
+  // pipeline::one_f_one_b(p, m, stage)) in order, exchanging boundary tensors with the
+  // neighbouring stages over place.pipe. next(mb) is asked at `load` (the first stage needs the
+  // features, the last the targets; both get the same micro-batch). Activations travel with a
   // small header (scalar type and shape) so a receiver needs no knowledge of the model; a
-  // gradient has the shape of the activation this stage sent. Collective over the pipeline:
-  // every stage calls it with its own list. First version: ZeRO stage 0, one data-parallel
-  // rank, fp32, no clipping (the norm across stages is not summed yet), no offload; anything
-  // else throws zero::Error. StepStats::loss is the mean loss on the last stage, 0 elsewhere;
-  // grad_norm is this stage's own part.
-  StepStats pipeline_step(const pipeline::Stage& list, coll::Communicator& pipe, int prev_rank,
-                          int next_rank, const std::function<Batch(int micro)>& next);
+  // gradient has the shape of the activation this stage sent. Collective over the whole grid:
+  // every rank calls it with its stage's list. The gradient norm, the overflow check and the
+  // loss cover all stages (StepStats::loss is the mean loss of the step on every stage).
+  StepStats pipeline_step(const pipeline::Stage& list, const std::function<Batch(int micro)>& next);
 
   // The current fp32 value of parameter p (the master copy), gathered from the ranks that own
   // it. Collective.

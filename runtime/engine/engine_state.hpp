@@ -38,8 +38,8 @@ struct EnginePieces {
 };
 
 struct Engine::State {
-  State(Model& m, Device& d, Stream& c, coll::Communicator& k, EngineOptions opt)
-      : x(m, d, c, k, std::move(opt)), params(x), grads(x) {}
+  State(Model& m, Device& d, Stream& c, coll::Communicator& k, EngineOptions opt, PipelinePlace pl)
+      : x(m, d, c, k, std::move(opt), std::move(pl)), params(x), grads(x) {}
   ~State() { quiesce(); }
 
   engine::Context x;

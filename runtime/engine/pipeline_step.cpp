@@ -51,11 +51,13 @@ struct Sending {
 
 }  // namespace
 
-StepStats Engine::pipeline_step(const pipeline::Stage& list, coll::Communicator& pipe,
-                                int prev_rank, int next_rank,
-                                const std::function<Batch(int micro)>& next) {
+StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function<Batch(int micro)>& next) {
   State& s = *s_;
   engine::Context& x = s.x;
+  ZERO_REQUIRE(x.place.active(), "Engine::pipeline_step: this Engine was built without a "
+                                 "PipelinePlace (engine::make_pipeline_stage); use Engine::step");
+  coll::Communicator& pipe = *x.place.pipe;
+  const int prev_rank = x.place.prev(), next_rank = x.place.next();
   const int M = x.o.gradient_accumulation_steps;
   const size_t U = x.model.units.size();
   const std::string where = "pipeline executor (pipeline rank " + std::to_string(pipe.rank()) + ")";
@@ -103,6 +105,15 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, coll::Communicator&
     if (it->second.ctx.empty()) it->second.ctx.resize(U);
     return it->second;
   };
+  // A wait on a neighbouring stage: the stage's bubble (the compute stream drained first, so
+  // the wait is not compute).
+  auto wait_p2p = [&](coll::Work& w) {
+    x.compute.synchronize();
+    const double t0 = engine::now_seconds();
+    w.wait();
+    x.timers.p2p_wait += engine::now_seconds() - t0;
+  };
+  const double t_step = engine::now_seconds();
   try {
     x.timers.reset_step();
     s.opt->begin_step();
@@ -141,7 +152,7 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, coll::Communicator&
           if (!first) {
             ZERO_REQUIRE(m.header_posted, where + ": F" + std::to_string(in.micro) +
                                               " on a non-first stage without its recv_activation");
-            x.wait_comm(m.header_work);
+            wait_p2p(m.header_work);
             int32_t h[kHeader];
             copy_to_host(x.dev, x.compute, h, m.header);
             x.compute.synchronize();
@@ -156,7 +167,7 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, coll::Communicator&
             carry = Tensor::empty(x.dev, shape, static_cast<ScalarType>(h[0]), MemCategory::activations);
             coll::Work w = pipe.recv(carry.data(), static_cast<size_t>(carry.numel()),
                                      wire_type(carry.type(), "activation"), prev_rank);
-            x.wait_comm(w);
+            wait_p2p(w);
             m.header = Tensor();
           }
           for (size_t u = 0; u < U; ++u) {
@@ -210,7 +221,7 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, coll::Communicator&
           if (!last) {
             ZERO_REQUIRE(m.grad_posted, where + ": " + pipeline::to_string(in) +
                                             " on a non-last stage without its recv_gradient");
-            x.wait_comm(m.grad_work);
+            wait_p2p(m.grad_work);
             carry = m.grad_in_buf;
           }
           const bool final_part = joint && pos == last_grad_pos;
@@ -285,12 +296,16 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, coll::Communicator&
       }
     }
     for (Sending& sd : sending)
-      for (coll::Work& w : sd.work) x.wait_comm(w);
+      for (coll::Work& w : sd.work) wait_p2p(w);
     sending.clear();
     phase::set("optimizer step");
     if (!reduced) s.grads.finish();  // a list without `reduce`: the boundary does it
     StepStats st = s.opt->apply(last ? total / M : 0.0);
     s.grads.clear();
+    st.time.forward = x.timers.forward;
+    st.time.backward = x.timers.backward;
+    st.time.p2p_wait = x.timers.p2p_wait;
+    st.time.step = engine::now_seconds() - t_step;
     return st;
   } catch (...) {
     for (Sending& sd : sending)

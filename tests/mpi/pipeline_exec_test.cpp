@@ -25,6 +25,7 @@
 #include "core/world.hpp"
 #include "models/mlp.hpp"
 #include "runtime/engine/engine.hpp"
+#include "runtime/engine/pipeline_stage.hpp"
 #include "runtime/pipeline/schedule.hpp"
 #include "runtime/pipeline/stage_model.hpp"
 #include "runtime/pipeline/stage_partition.hpp"
@@ -72,7 +73,8 @@ void check_schedule(const char* name) {
   auto ops = models::make_ops(dev, *stream);
   Model model = models::make_mlp({kMlp, ScalarType::f32, ScalarType::f32}, *ops);
   const pipeline::StageCut cut = pipeline::cut_uniform(static_cast<int>(model.units.size()), p);
-  pipeline::StageModel view = pipeline::stage_model(model, cut, s);
+  engine::PipelineStage st = engine::make_pipeline_stage(model, cut, world);
+  const pipeline::StageModel& view = st.view;
   const pipeline::Stage list = pipeline::schedule_by_name(name)(p, kM, s);
   // The order this stage's backwards run the micro-batches (every stage's is the same).
   std::vector<int> order;
@@ -80,11 +82,11 @@ void check_schedule(const char* name) {
     if (in.op == pipeline::Op::backward || in.op == pipeline::Op::backward_input) order.push_back(in.micro);
   REQUIRE(static_cast<int>(order.size()) == kM);
 
-  Engine stage(view.model, dev, *stream, *alone, options());
+  Engine stage(st.view.model, dev, *stream, *alone, options(), st.place);
   Engine whole(model, dev, *stream, *alone, options());
-  const int prev = s > 0 ? s - 1 : -1, next = s + 1 < p ? s + 1 : -1;
+  const int next = st.place.next();
   for (int step = 0; step < kSteps; ++step) {
-    const StepStats ps = stage.pipeline_step(list, world, prev, next, [&](int mb) {
+    const StepStats ps = stage.pipeline_step(list, [&](int mb) {
       return make_batch(dev, int64_t{step} * 100 + mb);
     });
     const StepStats ref = whole.step([&](int m) {
@@ -113,14 +115,13 @@ TEST_CASE("pipeline executor: clipping is refused with a clear error", "[pipelin
   auto stream = dev.create_stream("compute");
   auto ops = models::make_ops(dev, *stream);
   Model model = models::make_mlp({kMlp, ScalarType::f32, ScalarType::f32}, *ops);
-  pipeline::StageModel view =
-      pipeline::stage_model(model, pipeline::cut_uniform(static_cast<int>(model.units.size()), p), s);
+  engine::PipelineStage st = engine::make_pipeline_stage(
+      model, pipeline::cut_uniform(static_cast<int>(model.units.size()), p), world);
   EngineOptions o = options();
   o.gradient_clipping = 1.0f;
-  Engine stage(view.model, dev, *stream, *alone, o);
+  Engine stage(st.view.model, dev, *stream, *alone, o, st.place);
   try {
-    stage.pipeline_step(pipeline::one_f_one_b(p, kM, s), world, s > 0 ? s - 1 : -1,
-                        s + 1 < p ? s + 1 : -1, [&](int mb) { return make_batch(dev, mb); });
+    stage.pipeline_step(pipeline::one_f_one_b(p, kM, s), [&](int mb) { return make_batch(dev, mb); });
     FAIL("no error");
   } catch (const Error& e) {
     CHECK(std::string(e.what()).find("gradient_clipping") != std::string::npos);
