@@ -18,6 +18,29 @@ void Context::plan_owned() {
     owned_off.push_back(owned_total);
     owned_total += owned_len(g);
   }
+  norm_runs.assign(static_cast<size_t>(part.group_count()), {});
+  for (int g = 0; g < part.group_count(); ++g) {
+    auto& runs = norm_runs[static_cast<size_t>(g)];
+    if (place.owns_tied || place.tied.empty()) {
+      runs.push_back({0, owned_len(g)});
+      continue;
+    }
+    // The owned range without the tied pieces (padding between parameters is zero: counting it
+    // or not changes nothing).
+    int64_t at = 0;
+    for (const Partition::Piece& pc : owned_pieces(g)) {
+      if (!tied(pc.param)) continue;
+      if (pc.shard_offset > at) runs.push_back({at, pc.shard_offset - at});
+      at = pc.shard_offset + pc.count;
+    }
+    if (owned_len(g) > at) runs.push_back({at, owned_len(g) - at});
+  }
+}
+
+bool Context::tied(int p) const {
+  for (int t : place.tied)
+    if (t == p) return true;
+  return false;
 }
 
 std::vector<Partition::Piece> Context::owned_pieces(int g) const {

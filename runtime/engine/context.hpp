@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "collectives/communicator.hpp"
@@ -81,6 +82,13 @@ struct Context {
   // The pieces of parameters inside this rank's owned range of group g; shard_offset is
   // relative to the owned range's start.
   std::vector<Partition::Piece> owned_pieces(int g) const;
+  // Per group, the parts of the owned range the gradient norm counts, as (offset within the
+  // owned range, length): all of it, except on a pipeline stage that holds a tied parameter
+  // another stage owns (PipelinePlace::owns_tied): that copy is counted by its owner only.
+  // Set by plan_owned().
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> norm_runs;
+  // Whether parameter `p` (this model's index) is a tied copy (PipelinePlace::tied).
+  bool tied(int p) const;
 
   // Stage 0/1 with 16-bit parameters and accumulation: an fp32 sum of the micro-batches' full
   // gradients (GradReduction). Stage 2/3 with offload: an fp32 host accumulator of the landed

@@ -45,7 +45,9 @@ Engine::Engine(Model& model, Device& device, Stream& compute, coll::Communicator
       s.opt->landed(g, last);
     };
   }
-  s.runner = std::make_unique<engine::ScheduleRunner>(x, s.params, s.grads, std::move(checkpoint));
+  // On a pipeline stage before the last, the last Unit's output goes to the next stage.
+  s.runner = std::make_unique<engine::ScheduleRunner>(x, s.params, s.grads, std::move(checkpoint),
+                                                      !x.place.active() || x.place.next() < 0);
   s.set_up();
 }
 

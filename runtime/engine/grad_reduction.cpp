@@ -19,6 +19,11 @@ void GradReduction::allocate() {
       grad_sum01_[gi] = Tensor::zeros(x_.dev, x_.compute, Shape{n}, ScalarType::f32, MemCategory::gradients);
     }
   }
+  for (int p : x_.place.tied) {
+    const Partition::Location& loc = x_.part.location(p);
+    tied_.push_back({p, loc.group, loc.offset, loc.numel,
+                     Tensor::zeros(x_.dev, x_.compute, Shape{loc.numel}, ScalarType::f32, MemCategory::gradients)});
+  }
   if (x_.o.stage >= 2) grad_acc_type_ = x_.o.gradient_accumulation_steps > 1 ? DType::f32 : x_.dtype;
   if (x_.o.stage >= 2 && !x_.off)
     grad_acc_ = Tensor::zeros(x_.dev, x_.compute, Shape{x_.owned_total}, scalar_type(grad_acc_type_),
@@ -49,9 +54,66 @@ std::vector<Tensor> GradReduction::views(int unit) {
 }
 
 void GradReduction::after_backward(int g, bool last) {
+  if (collect_tied(g) && last) {
+    // A tied group's final gradient waits for the boundary (finish): the stages holding the
+    // parameter sum it there, and another stage may still need this stage's later sends
+    // before it gets that far (the last stage's head is done long before the first stage's
+    // embedding).
+    if (!grad_sum01_.empty()) fold_group(g, last);
+    deferred_.push_back(g);
+    return;
+  }
   if (x_.o.stage >= 2) reduce_group_stage2(g, last);
   if (!grad_sum01_.empty()) fold_group(g, last);
   if (x_.o.stage <= 1 && last && x_.o.overlap_comm) start_reduce_full(g);
+}
+
+// The buffer group g's Units add to now: the full gradient (stage 0/1), or the pooled one of the
+// current backward (stage 2/3; null when no Unit has added to it yet).
+Tensor& GradReduction::group_grad(int g) {
+  return x_.o.stage <= 1 ? grad_full_[static_cast<size_t>(g)] : grad_tmp_[static_cast<size_t>(g)];
+}
+
+// Moves this micro-batch's gradient of group g's tied parameters into their fp32 sums (the
+// buffer's slice is zeroed, so the data-parallel reduction sees no part of it). On the compute
+// stream. Returns whether group g holds a tied parameter.
+bool GradReduction::collect_tied(int g) {
+  bool any = false;
+  for (Tied& t : tied_) {
+    if (t.group != g) continue;
+    any = true;
+    Tensor& buf = group_grad(g);
+    if (!buf) continue;
+    unsigned char* slice = x_.at(buf, t.offset, x_.esize());
+    x_.kern->accumulate(t.sum.data_as<float>(), slice, x_.dtype, static_cast<size_t>(t.numel));
+    x_.dev.fill_async(slice, 0, static_cast<size_t>(t.numel) * x_.esize(), x_.compute);
+  }
+  return any;
+}
+
+// The boundary of a pipeline stage holding tied parameters: each tied sum all-reduced over the
+// stages holding it (in parameter order, the same on every such stage), written back into its
+// group's buffer rounded once, the sums cleared for the next step, and the groups' deferred
+// data-parallel reductions started.
+void GradReduction::finish_tied() {
+  if (deferred_.empty()) return;
+  for (Tied& t : tied_) {
+    coll::Work w = x_.place.tied_comm->all_reduce(t.sum.data(), t.sum.data(), static_cast<size_t>(t.numel),
+                                                  DType::f32, coll::ReduceOp::sum, x_.compute_point());
+    x_.wait_comm(w);
+    Tensor& buf = group_grad(t.group);
+    ZERO_REQUIRE(buf, "pipeline stage: the gradient buffer of tied parameter " +
+                          x_.model.params[static_cast<size_t>(t.param)].name + " is gone before its sum");
+    float* sum = t.sum.data_as<float>();
+    x_.kern->convert(sum, DType::f32, x_.at(buf, t.offset, x_.esize()), x_.dtype, static_cast<size_t>(t.numel));
+    x_.dev.fill_async(sum, 0, static_cast<size_t>(t.numel) * 4, x_.compute);
+  }
+  for (int g : deferred_) {
+    if (x_.o.stage >= 2) reduce_group_stage2(g, true);
+    else if (x_.o.overlap_comm) start_reduce_full(g);
+  }
+  deferred_.clear();
+  drain();  // stage 2/3: the reductions just started (the schedule drained the others)
 }
 
 // Stage 0/1 with a 16-bit gradient and accumulation: add group g's gradient of this micro-batch
@@ -144,6 +206,7 @@ void GradReduction::drain() {
 }
 
 void GradReduction::finish() {
+  finish_tied();
   for (int g = 0; g < x_.part.group_count() && x_.o.stage <= 1; ++g) {
     const size_t gi = static_cast<size_t>(g);
     coll::Work& w = reducing_[gi];

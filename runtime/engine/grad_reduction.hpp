@@ -60,6 +60,9 @@ class GradReduction {
 
  private:
   void fold_group(int g, bool last);
+  Tensor& group_grad(int g);
+  bool collect_tied(int g);
+  void finish_tied();
   void start_reduce_full(int g);
   void reduce_group_stage2(int g, bool last);
   void finish_oldest_reduce();
@@ -89,6 +92,20 @@ class GradReduction {
     bool last;  // of the step's last micro-batch: the group's gradient is final
   };
   std::vector<PendingReduce> pending_;  // oldest first
+  // A pipeline stage's tied parameters (PipelinePlace::tied): each micro-batch's gradient is
+  // moved out of the group's buffer into an fp32 sum; at the boundary (finish) the sum goes over
+  // the stages holding the parameter (an all-reduce over the tied communicator) and back into
+  // the buffer, and then the group's data-parallel reduction starts. So the tied gradient enters the
+  // reduction once, whole, at every ZeRO stage (at stage 2/3 the group's buffer otherwise lives
+  // for one micro-batch only, and the stages' shards of the parameter differ).
+  struct Tied {
+    int param;
+    int group;
+    int64_t offset, numel;  // within the group's buffer
+    Tensor sum;             // fp32, numel
+  };
+  std::vector<Tied> tied_;
+  std::vector<int> deferred_;  // tied groups whose final gradient waits for finish()
   int64_t pending_elems_ = 0;           // bounded by reduce_bucket_size (or one group)
   Pool pool_;
 };

@@ -91,8 +91,13 @@ void HostOffload::land(int g, const void* shard, bool last) {
       convert(landed, x_.dtype, widened.data(), DType::f32, n);
       for (size_t i = 0; i < n; ++i) acc[i] += widened[i];
     }
-    if (last)
-      partial_[gi] = optim::local_squared_norm(grad(g), grad_type(), static_cast<size_t>(x_.owned_len(g)));
+    if (last) {
+      double sq = 0;  // the runs the norm counts (a tied copy another stage owns is left out)
+      for (const auto& [off, len] : x_.norm_runs[gi])
+        sq += optim::local_squared_norm(grad(g) + static_cast<size_t>(off) * size_of(grad_type()),
+                                        grad_type(), static_cast<size_t>(len));
+      partial_[gi] = sq;
+    }
   });
   worker_->record(*land_done_[gi]);
   if (last) worker_->record(*norms_done_);

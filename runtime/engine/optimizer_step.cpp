@@ -35,7 +35,13 @@ void OptimizerStep::allocate(bool speculative) {
     v_ = Tensor::zeros(x_.dev, x_.compute, owned, ScalarType::f32, MemCategory::optimizer_states);
   }
   bank_.assign(static_cast<size_t>(G), 0);
-  norms_ = Tensor::zeros(x_.dev, x_.compute, Shape{G + 1}, ScalarType::f32, MemCategory::other);
+  // One float per norm run (Context::norm_runs), the all-reduce scalar, and on a pipeline stage
+  // 4 floats per stage for the exchange across stages.
+  norm_slots_ = 0;
+  for (const auto& runs : x_.norm_runs) norm_slots_ += static_cast<int64_t>(runs.size());
+  const int64_t stages = x_.place.active() ? x_.place.stages : 0;
+  norms_ = Tensor::zeros(x_.dev, x_.compute, Shape{norm_slots_ + 1 + 4 * stages}, ScalarType::f32,
+                         MemCategory::other);
 }
 
 float* OptimizerStep::state(int g, int k, bool other) const {
@@ -72,7 +78,7 @@ void OptimizerStep::landed(int g, bool last) {
 
 optim::GlobalNorm OptimizerStep::global_norm(float local) {
   if (x_.comm.kind() == DeviceKind::cpu) return optim::global_grad_norm(x_.comm, local);
-  float* scalar = norms_.data_as<float>() + x_.part.group_count();
+  float* scalar = norms_.data_as<float>() + norm_slots_;
   x_.copy_now(scalar, &local, sizeof local);
   x_.comm.all_reduce(scalar, scalar, 1, DType::f32, coll::ReduceOp::sum, x_.compute_point()).wait();
   float sq = 0;
@@ -82,6 +88,31 @@ optim::GlobalNorm OptimizerStep::global_norm(float local) {
   g.norm = std::sqrt(sq);
   g.finite = std::isfinite(sq);
   return g;
+}
+
+// Every stage's (squared norm, loss) to every stage: an all-gather of their bits over the
+// pipeline communicator (4 floats per stage: two doubles), summed in stage order in double on
+// every rank alike, so every stage gets the same bits whatever the collective's arithmetic. A
+// non-finite stage norm makes the sum non-finite (the fp16 overflow check is global).
+std::pair<double, double> OptimizerStep::across_stages(double stage_sq, double loss) {
+  coll::Communicator& pipe = *x_.place.pipe;
+  const size_t P = static_cast<size_t>(x_.place.stages);
+  std::vector<double> all(2 * P, 0.0);
+  const double mine[2] = {stage_sq, loss};
+  std::memcpy(all.data() + 2 * static_cast<size_t>(pipe.rank()), mine, sizeof mine);
+  if (pipe.kind() == DeviceKind::cpu) {
+    pipe.all_gather(all.data() + 2 * static_cast<size_t>(pipe.rank()), all.data(),
+                    4, DType::f32).wait();
+  } else {
+    float* area = norms_.data_as<float>() + norm_slots_ + 1;
+    x_.copy_now(area + 4 * static_cast<size_t>(pipe.rank()), mine, sizeof mine);
+    pipe.all_gather(area + 4 * static_cast<size_t>(pipe.rank()), area, 4, DType::f32,
+                    x_.compute_point()).wait();
+    x_.copy_now(all.data(), area, all.size() * sizeof(double));
+  }
+  double sq = 0;
+  for (size_t s = 0; s < P; ++s) sq += all[2 * s];
+  return {sq, all[2 * (P - 1) + 1]};
 }
 
 void OptimizerStep::timed_adam(int g, const optim::AdamStep& as, const optim::AdamParams& hp, bool ahead) {
@@ -144,12 +175,18 @@ StepStats OptimizerStep::apply(double loss) {
   } else {
     // Each group's squared norm on the compute stream (after the accumulation that made the
     // gradient), the G results to the host in one copy.
+    // (On a pipeline stage holding a tied copy another stage owns, that copy is left out: one
+    // squared norm per counted run, Context::norm_runs.)
     float* dn = norms_.data_as<float>();
+    const size_t es = size_of(grad_type());
+    size_t slot = 0;
     for (int g = 0; g < G; ++g)
-      x_.kern->squared_norm(grad(g), grad_type(), static_cast<size_t>(x_.owned_len(g)), dn + g);
-    std::vector<float> per_group(static_cast<size_t>(G));
-    x_.copy_now(per_group.data(), dn, per_group.size() * sizeof(float));
-    for (float v : per_group) local += v;
+      for (const auto& [off, len] : x_.norm_runs[static_cast<size_t>(g)])
+        x_.kern->squared_norm(grad(g) + static_cast<size_t>(off) * es, grad_type(),
+                              static_cast<size_t>(len), dn + slot++);
+    std::vector<float> per_run(slot);
+    x_.copy_now(per_run.data(), dn, per_run.size() * sizeof(float));
+    for (float v : per_run) local += v;
   }
   optim::GlobalNorm norm;
   if (x_.o.stage == 0) {
@@ -158,6 +195,15 @@ StepStats OptimizerStep::apply(double loss) {
     norm.finite = std::isfinite(norm.squared);
   } else {
     norm = global_norm(static_cast<float>(local));
+  }
+  if (x_.place.active()) {
+    // A pipeline stage: the norm and the overflow are the whole model's, and the loss is the
+    // last stage's, on every stage (every copy of a tied parameter must take the same step).
+    const auto [sq, last_loss] = across_stages(x_.o.stage == 0 ? local : double{norm.squared}, loss);
+    norm.squared = static_cast<float>(sq);
+    norm.norm = std::sqrt(norm.squared);
+    norm.finite = std::isfinite(norm.squared);
+    loss = last_loss;
   }
   // The gradients are sums over ranks and micro-batches of gradients of mean losses: the
   // objective's gradient is that divided by n.

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "optim/adam.hpp"
@@ -82,6 +83,8 @@ class OptimizerStep {
   // The sum over ranks of each rank's `local` squared norm, as optim::global_grad_norm gives it;
   // over a device communicator (NCCL) through a device scalar.
   optim::GlobalNorm global_norm(float local);
+  // A pipeline stage: (the sum of every stage's squared norm, the last stage's loss).
+  std::pair<double, double> across_stages(double stage_sq, double loss);
   void adam_group(int g, const optim::AdamStep& as, const optim::AdamParams& base, bool ahead = false);
   void timed_adam(int g, const optim::AdamStep& as, const optim::AdamParams& hp, bool ahead);
 
@@ -90,9 +93,11 @@ class OptimizerStep {
   GradReduction& grads_;
   HostOffload* host_;
   Tensor master_, m_, v_;  // on the device (without offload)
-  // Per group the squared norm of its final gradient (owned range), then one more float: the
-  // scalar the norm's all-reduce runs on when the communicator takes device buffers (NCCL).
+  // Per norm run (Context::norm_runs, one per group but for tied copies) the squared norm of its
+  // final gradient, then one more float: the scalar the norm's all-reduce runs on when the
+  // communicator takes device buffers (NCCL), then a pipeline stage's exchange area.
   Tensor norms_;
+  int64_t norm_slots_ = 0;      // norm runs over all groups (Context::norm_runs)
   bool spec_ = false;           // the host holds a second bank
   // Per group, which bank holds the current state; AdamW run ahead writes the other one, and
   // keeping its result flips bank_[g] (dropping it costs nothing).

@@ -31,16 +31,15 @@ DType wire_type(ScalarType t, const char* what) {
 }
 
 struct StageMicro {
-  Batch batch;
-  std::vector<UnitContext> ctx;  // per Unit of the stage
-  Tensor header;                 // received activation header, then
+  engine::MicroState state;      // batch, Unit contexts, carry, loss (ScheduleRunner's)
+  Tensor header;                 // received activation header
   coll::Work header_work;
   bool header_posted = false;
   Tensor grad_in_buf;            // received gradient (the seed of this stage's backward)
   coll::Work grad_work;
   bool grad_posted = false;
   Tensor sent_output;            // the activation sent up: the received gradient's shape
-  Tensor carry;                  // between B and W: nothing; B's running gradient otherwise
+  Tensor to_send;                // the first Unit's input gradient, until send_gradient
 };
 
 struct Sending {
@@ -59,50 +58,63 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
   coll::Communicator& pipe = *x.place.pipe;
   const int prev_rank = x.place.prev(), next_rank = x.place.next();
   const int M = x.o.gradient_accumulation_steps;
-  const size_t U = x.model.units.size();
-  const std::string where = "pipeline executor (pipeline rank " + std::to_string(pipe.rank()) + ")";
-  // The first version's scope; each refusal names what to change.
-  ZERO_REQUIRE(x.o.stage == 0, where + ": ZeRO stage " + std::to_string(x.o.stage) +
-                                   " per pipeline stage is not implemented yet; use stage 0");
-  ZERO_REQUIRE(x.comm.size() == 1, where + ": " + std::to_string(x.comm.size()) +
-                                       " data-parallel ranks per stage; the first version runs one");
-  ZERO_REQUIRE(x.dtype == DType::f32 && !x.o.loss_scaler,
-               where + ": only fp32 parameters without loss scaling are implemented yet");
-  ZERO_REQUIRE(!(x.o.gradient_clipping > 0),
-               where + ": gradient_clipping > 0 needs the gradient norm summed over the pipeline "
-                       "stages, not implemented yet; set gradient_clipping to 0");
-  ZERO_REQUIRE(!x.off, where + ": offload_optimizer is not implemented with the pipeline yet");
+  const int U = static_cast<int>(x.model.units.size());
+  const std::string where = "pipeline executor (pipeline stage " + std::to_string(pipe.rank()) + " of " +
+                            std::to_string(pipe.size()) + ")";
   ZERO_REQUIRE(pipe.kind() == x.dev.kind(), where + ": the pipeline communicator is for other buffers");
-  // Which micro-batches the list names, and the last backward part of the step (after it each
-  // Unit's gradient is final); also that the list fits this stage's place in the pipeline.
-  std::map<int, int> parts_left;  // micro -> backward parts (BW, or W) still to run
-  size_t last_grad_pos = 0;
+
+  // The list as Unit passes (an F, B or W instruction is its passes over the stage's Units:
+  // forward first to last, backward parts last to first), where each instruction's passes
+  // start, and the checks that the list fits this stage's place in the pipeline.
+  using pipeline::Op;
+  using Part = engine::UnitPass::Part;
+  std::vector<engine::UnitPass> passes;
+  std::vector<size_t> first_pass(list.size(), 0);
+  std::map<int, int> micro_ops;  // micro -> F/B/W instructions
+  size_t last_grad_instr = 0;
   for (size_t i = 0; i < list.size(); ++i) {
     const pipeline::Instruction& in = list[i];
-    using pipeline::Op;
-    if (in.op == Op::backward || in.op == Op::backward_weight) {
-      ++parts_left[in.micro];
-      last_grad_pos = i;
+    first_pass[i] = passes.size();
+    switch (in.op) {
+      case Op::forward:
+        for (int u = 0; u < U; ++u) passes.push_back({in.micro, u, Part::forward});
+        break;
+      case Op::backward:
+      case Op::backward_input:
+      case Op::backward_weight: {
+        const Part part = in.op == Op::backward ? Part::backward
+                          : in.op == Op::backward_input ? Part::input : Part::weight;
+        for (int u = U; u-- > 0;) passes.push_back({in.micro, u, part});
+        if (in.op != Op::backward_input) last_grad_instr = i;
+        break;
+      }
+      default:
+        break;
     }
+    if (in.op == Op::forward || in.op == Op::backward || in.op == Op::backward_input ||
+        in.op == Op::backward_weight)
+      ++micro_ops[in.micro];
     const bool needs_prev = in.op == Op::recv_activation || in.op == Op::send_gradient;
     const bool needs_next = in.op == Op::send_activation || in.op == Op::recv_gradient;
     ZERO_REQUIRE(!(needs_prev && prev_rank < 0) && !(needs_next && next_rank < 0),
                  where + ": instruction " + std::to_string(i) + " (" + pipeline::to_string(in) +
                      ") needs a neighbouring stage this stage does not have");
   }
-  ZERO_REQUIRE(static_cast<int>(parts_left.size()) == M,
-               where + ": the list has " + std::to_string(parts_left.size()) +
+  ZERO_REQUIRE(static_cast<int>(micro_ops.size()) == M,
+               where + ": the list has " + std::to_string(micro_ops.size()) +
                    " micro-batches but gradient_accumulation_steps is " + std::to_string(M));
   const bool first = prev_rank < 0, last = next_rank < 0;
 
-  std::map<int, StageMicro> live;
+  std::map<int, StageMicro> live;  // node-based: a micro-batch's Batch address stays put
   std::vector<Sending> sending;
   double total = 0;
   bool reduced = false;
   auto micro = [&](int mb) -> StageMicro& {
     auto it = live.find(mb);
-    if (it == live.end()) it = live.emplace(mb, StageMicro{}).first;
-    if (it->second.ctx.empty()) it->second.ctx.resize(U);
+    if (it == live.end()) {
+      it = live.emplace(mb, StageMicro{}).first;
+      it->second.state.passes_left = s.runner->passes(mb);
+    }
     return it->second;
   };
   // A wait on a neighbouring stage: the stage's bubble (the compute stream drained first, so
@@ -117,13 +129,18 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
   try {
     x.timers.reset_step();
     s.opt->begin_step();
+    s.runner->plan(passes);
+    const float seed = static_cast<float>(s.opt->loss_scale());
+    auto run_passes = [&](StageMicro& m, size_t i) {
+      const size_t end = i + 1 < list.size() ? first_pass[i + 1] : passes.size();
+      for (size_t q = first_pass[i]; q < end; ++q) s.runner->pass(m.state, q, seed);
+    };
     for (size_t pos = 0; pos < list.size(); ++pos) {
       const pipeline::Instruction& in = list[pos];
-      using pipeline::Op;
       switch (in.op) {
         case Op::load: {
           phase::set("loading a micro-batch");
-          micro(in.micro).batch = next(in.micro);
+          micro(in.micro).state.batch = next(in.micro);
           break;
         }
         case Op::recv_activation: {
@@ -146,9 +163,7 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
           break;
         }
         case Op::forward: {
-          phase::set("forward");
           StageMicro& m = micro(in.micro);
-          Tensor carry;
           if (!first) {
             ZERO_REQUIRE(m.header_posted, where + ": F" + std::to_string(in.micro) +
                                               " on a non-first stage without its recv_activation");
@@ -158,38 +173,23 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
             x.compute.synchronize();
             ZERO_REQUIRE(h[0] >= 0 && h[0] <= static_cast<int>(ScalarType::i32) && h[1] >= 1 &&
                              h[1] <= Shape::kMaxRank,
-                         where + ": a malformed activation header from pipeline rank " +
+                         where + ": a malformed activation header from pipeline stage " +
                              std::to_string(prev_rank));
             Shape shape = h[1] == 1   ? Shape{h[2]}
                           : h[1] == 2 ? Shape{h[2], h[3]}
                           : h[1] == 3 ? Shape{h[2], h[3], h[4]}
                                       : Shape{h[2], h[3], h[4], h[5]};
-            carry = Tensor::empty(x.dev, shape, static_cast<ScalarType>(h[0]), MemCategory::activations);
-            coll::Work w = pipe.recv(carry.data(), static_cast<size_t>(carry.numel()),
-                                     wire_type(carry.type(), "activation"), prev_rank);
+            Tensor input = Tensor::empty(x.dev, shape, static_cast<ScalarType>(h[0]), MemCategory::activations);
+            coll::Work w = pipe.recv(input.data(), static_cast<size_t>(input.numel()),
+                                     wire_type(input.type(), "activation"), prev_rank);
             wait_p2p(w);
             m.header = Tensor();
+            m.state.carry = std::move(input);
           }
-          for (size_t u = 0; u < U; ++u) {
-            UnitContext& c = m.ctx[u];
-            c.batch = &m.batch;
-            c.input = carry;
-            c.params = s.params.views(static_cast<int>(u));
-            x.model.units[u]->forward(c);
-            c.params.clear();
-            carry = c.output;
-            x.unit_fence();
-          }
-          if (last) {
-            UnitContext& c = m.ctx[U - 1];
-            float loss32 = 0;
-            ZERO_REQUIRE(c.loss.type() == ScalarType::f32, where + ": the first version reads an fp32 loss");
-            copy_to_host(x.dev, x.compute, &loss32, c.loss);
-            x.compute.synchronize();
-            total += loss32;
-          } else {
-            m.sent_output = carry;
-          }
+          run_passes(m, pos);
+          if (last) total += m.state.loss;
+          else m.sent_output = std::move(m.state.carry);
+          m.state.carry = Tensor();
           break;
         }
         case Op::send_activation: {
@@ -213,66 +213,30 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
           break;
         }
         case Op::backward:
-        case Op::backward_input: {
-          phase::set("backward");
+        case Op::backward_input:
+        case Op::backward_weight: {
           StageMicro& m = micro(in.micro);
-          const bool joint = in.op == Op::backward;
-          Tensor carry;
-          if (!last) {
+          if (in.op != Op::backward_weight && !last) {
             ZERO_REQUIRE(m.grad_posted, where + ": " + pipeline::to_string(in) +
                                             " on a non-last stage without its recv_gradient");
             wait_p2p(m.grad_work);
-            carry = m.grad_in_buf;
+            m.state.carry = std::move(m.grad_in_buf);
           }
-          const bool final_part = joint && pos == last_grad_pos;
-          for (size_t u = U; u-- > 0;) {
-            UnitContext& c = m.ctx[u];
-            c.params = s.params.views(static_cast<int>(u));
-            c.grads = s.grads.views(static_cast<int>(u));
-            c.grad_output = carry;
-            c.grad_scale = 1.0f;  // fp32 without loss scaling: 1/M is folded into AdamW's scale
-            if (joint) x.model.units[u]->backward(c); else x.model.units[u]->backward_input(c);
-            carry = c.grad_input;
-            if (joint) {
-              c = UnitContext();
-              s.grads.after_backward(static_cast<int>(u), final_part);
-            } else {
-              // W reads only ctx.state and ctx.grads: drop the rest now.
-              c.params.clear();
-              c.grads.clear();
-              c.input = Tensor();
-              c.output = Tensor();
-              c.grad_output = Tensor();
-              c.grad_input = Tensor();
-            }
-            x.unit_fence();
+          // Offload: before the step's final gradients land, whether AdamW runs ahead of the norm.
+          if (pos == last_grad_instr) s.opt->plan_speculation();
+          run_passes(m, pos);
+          if (in.op != Op::backward_weight) {
+            if (!first) m.to_send = std::move(m.state.carry);  // what the previous stage needs
+            m.state.carry = Tensor();
           }
-          m.grad_in_buf = Tensor();
-          if (!first) m.carry = carry;  // the first Unit's grad_input: what the previous stage needs
-          if (joint && --parts_left[in.micro] == 0) s.grads.drain();
-          break;
-        }
-        case Op::backward_weight: {
-          phase::set("backward");
-          StageMicro& m = micro(in.micro);
-          const bool final_part = pos == last_grad_pos;
-          for (size_t u = U; u-- > 0;) {
-            UnitContext& c = m.ctx[u];
-            c.grads = s.grads.views(static_cast<int>(u));
-            x.model.units[u]->backward_weight(c);
-            c = UnitContext();
-            s.grads.after_backward(static_cast<int>(u), final_part);  // after the Unit's last part
-            x.unit_fence();
-          }
-          if (--parts_left[in.micro] == 0) s.grads.drain();
+          if (m.state.passes_left == 0) s.grads.drain();  // the micro-batch's reductions too
           break;
         }
         case Op::send_gradient: {
           StageMicro& m = micro(in.micro);
-          ZERO_REQUIRE(m.carry, where + ": " + pipeline::to_string(in) + " before its B");
+          ZERO_REQUIRE(m.to_send, where + ": " + pipeline::to_string(in) + " before its B");
           Sending sd;
-          sd.b = m.carry;
-          m.carry = Tensor();
+          sd.b = std::move(m.to_send);
           const coll::P2POp op = coll::P2POp::send(sd.b.data(), static_cast<size_t>(sd.b.numel()),
                                                    wire_type(sd.b.type(), "gradient"), prev_rank);
           sd.work = pipe.batch_send_recv(std::span<const coll::P2POp>(&op, 1), x.compute_point());
@@ -287,25 +251,37 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
         case Op::step:
           break;  // below, after the sends are done
       }
-      // A micro-batch whose every backward part ran is done (its W keeps nothing after).
+      // A micro-batch whose passes all ran and whose gradient went out is done.
       if (in.micro >= 0) {
         auto it = live.find(in.micro);
-        if (it != live.end() && parts_left[in.micro] == 0 && !it->second.carry &&
-            (in.op == Op::backward || in.op == Op::backward_weight || in.op == Op::send_gradient))
-          live.erase(it);
+        if (it != live.end() && it->second.state.passes_left == 0 && !it->second.to_send) live.erase(it);
       }
     }
     for (Sending& sd : sending)
       for (coll::Work& w : sd.work) wait_p2p(w);
     sending.clear();
-    phase::set("optimizer step");
+    const double t0 = engine::now_seconds();
+    phase::set("optimizer step (gradient norm across stages, AdamW, parameter all-gather)");
     if (!reduced) s.grads.finish();  // a list without `reduce`: the boundary does it
     StepStats st = s.opt->apply(last ? total / M : 0.0);
     s.grads.clear();
+    if (s.host) s.host->clear();
+    if (x.o.stage == 3) s.params.prefetch(0);
     st.time.forward = x.timers.forward;
     st.time.backward = x.timers.backward;
+    st.time.optimizer = engine::now_seconds() - t0;
     st.time.p2p_wait = x.timers.p2p_wait;
     st.time.step = engine::now_seconds() - t_step;
+    if (x.o.timers) {
+      st.time.comm_exposed = x.timers.exposed;
+      st.time.d2h = x.timers.d2h;
+      st.time.h2d = x.timers.h2d;
+      st.time.host_adam = static_cast<double>(x.timers.adam_ns.load()) * 1e-9;
+      st.time.host_adam_waited = x.timers.adam_waited;
+      const int64_t busy = x.timers.comm_busy_ns.load();
+      st.time.comm_busy = static_cast<double>(busy - x.timers.comm_busy_reported_ns) * 1e-9;
+      x.timers.comm_busy_reported_ns = busy;
+    }
     return st;
   } catch (...) {
     for (Sending& sd : sending)

@@ -2,15 +2,18 @@
 
 #include <map>
 
+#include "core/error.hpp"
 #include "core/phase.hpp"
 
 namespace zero::engine {
 
+using Part = UnitPass::Part;
+
 std::vector<UnitPass> local_schedule(int units, int micro_batches) {
   std::vector<UnitPass> out;
   for (int mb = 0; mb < micro_batches; ++mb) {
-    for (int u = 0; u < units; ++u) out.push_back({mb, u, false});
-    for (int u = units; u-- > 0;) out.push_back({mb, u, true});
+    for (int u = 0; u < units; ++u) out.push_back({mb, u, Part::forward});
+    for (int u = units; u-- > 0;) out.push_back({mb, u, Part::backward});
   }
   return out;
 }
@@ -18,71 +21,98 @@ std::vector<UnitPass> local_schedule(int units, int micro_batches) {
 std::vector<int> unit_order(const std::vector<UnitPass>& passes) {
   std::vector<int> out;
   out.reserve(passes.size());
-  for (const UnitPass& p : passes) out.push_back(p.unit);
+  for (const UnitPass& p : passes)
+    if (p.reads_params()) out.push_back(p.unit);
   return out;
 }
 
-struct ScheduleRunner::Micro {
-  Batch batch;
-  std::vector<UnitContext> ctx;  // per Unit: what its forward keeps for its backward
-  Tensor carry;                  // forward: the output going up; backward: the gradient going down
-  double loss = 0;
-  int passes_left = 0;
-};
-
 ScheduleRunner::ScheduleRunner(Context& x, ParamResidency& params, GradReduction& grads,
-                               std::vector<bool> checkpoint)
-    : x_(x), params_(params), grads_(grads), checkpoint_(std::move(checkpoint)) {}
+                               std::vector<bool> checkpoint, bool has_loss)
+    : x_(x), params_(params), grads_(grads), checkpoint_(std::move(checkpoint)), has_loss_(has_loss) {}
+
+void ScheduleRunner::plan(const std::vector<UnitPass>& passes) {
+  const size_t U = x_.model.units.size();
+  passes_ = passes;
+  last_grad_.assign(U, 0);
+  last_reader_ = 0;
+  order_pos_.assign(passes.size(), -1);
+  count_.clear();
+  long readers = 0;
+  for (size_t pos = 0; pos < passes.size(); ++pos) {
+    const UnitPass& p = passes[pos];
+    ZERO_REQUIRE(p.micro >= 0 && p.unit >= 0 && static_cast<size_t>(p.unit) < U,
+                 "schedule: pass " + std::to_string(pos) + " names micro-batch " + std::to_string(p.micro) +
+                     " and Unit " + std::to_string(p.unit) + " of " + std::to_string(U));
+    if (static_cast<size_t>(p.micro) >= count_.size()) count_.resize(static_cast<size_t>(p.micro) + 1, 0);
+    ++count_[static_cast<size_t>(p.micro)];
+    if (p.ends_grad()) last_grad_[static_cast<size_t>(p.unit)] = pos;
+    if (p.reads_params()) {
+      order_pos_[pos] = readers++;
+      last_reader_ = pos;
+    }
+  }
+  // Stage 3 gathers in the order the passes read parameters; set once per distinct order (a
+  // pipeline stage runs the same list every step).
+  std::vector<int> order = unit_order(passes);
+  if (order != order_) {
+    order_ = order;
+    params_.set_order(std::move(order));
+  }
+}
+
+int ScheduleRunner::passes(int micro) const {
+  return static_cast<size_t>(micro) < count_.size() ? count_[static_cast<size_t>(micro)] : 0;
+}
+
+void ScheduleRunner::pass(MicroState& m, size_t pos, float seed_scale) {
+  const UnitPass& p = passes_[pos];
+  if (m.ctx.empty()) m.ctx.resize(x_.model.units.size());
+  const double t0 = now_seconds();
+  if (p.part == Part::forward) {
+    phase::set("forward");
+    forward(m, p.unit, pos);
+    x_.timers.forward += now_seconds() - t0;
+  } else {
+    phase::set("backward and gradient reduction");
+    backward(m, p, pos, seed_scale);
+    x_.timers.backward += now_seconds() - t0;
+  }
+  --m.passes_left;
+}
 
 double ScheduleRunner::run(const std::vector<UnitPass>& passes, const std::function<Batch(int)>& next,
                            const std::function<void(int)>& fetched, float seed_scale) {
-  const size_t U = x_.model.units.size();
-  // How many passes each micro-batch has, and each Unit's last backward (after it, the Unit's
-  // group holds the step's final gradient).
-  std::map<int, int> count;
-  std::vector<size_t> last_backward(U, 0);
-  for (size_t pos = 0; pos < passes.size(); ++pos) {
-    ++count[passes[pos].micro];
-    if (passes[pos].backward) last_backward[static_cast<size_t>(passes[pos].unit)] = pos;
-  }
-  std::map<int, Micro> live;  // micro-batches in flight (node-based: Batch addresses stay put)
+  plan(passes);
+  std::map<int, MicroState> live;  // micro-batches in flight (node-based: Batch addresses stay put)
   double total = 0;
   for (size_t pos = 0; pos < passes.size(); ++pos) {
     const UnitPass& p = passes[pos];
     auto it = live.find(p.micro);
     if (it == live.end()) {
       phase::set("loading a micro-batch");
-      it = live.emplace(p.micro, Micro{next(p.micro), std::vector<UnitContext>(U), Tensor(), 0.0,
-                                       count[p.micro]}).first;
+      MicroState fresh;
+      fresh.batch = next(p.micro);
+      fresh.passes_left = this->passes(p.micro);
+      it = live.emplace(p.micro, std::move(fresh)).first;
       if (fetched) fetched(p.micro);
     }
-    Micro& m = it->second;
-    const double t0 = now_seconds();
-    if (!p.backward) {
-      phase::set("forward");
-      forward(m, p.unit, pos);
-      --m.passes_left;
-      x_.timers.forward += now_seconds() - t0;
-      continue;
-    }
-    phase::set("backward and gradient reduction");
-    backward(m, p.unit, pos, pos == last_backward[static_cast<size_t>(p.unit)],
-             pos + 1 == passes.size(), seed_scale);
-    if (--m.passes_left == 0) {  // the micro-batch is done: its reductions too
+    MicroState& m = it->second;
+    pass(m, pos, seed_scale);
+    if (m.passes_left == 0) {  // the micro-batch is done: its reductions too
       grads_.drain();
       total += m.loss;
       live.erase(it);
     }
-    x_.timers.backward += now_seconds() - t0;
   }
   return total;
 }
 
-void ScheduleRunner::forward(Micro& m, int unit, size_t pos) {
+void ScheduleRunner::forward(MicroState& m, int unit, size_t pos) {
   const size_t u = static_cast<size_t>(unit);
   UnitContext& c = m.ctx[u];
+  const size_t q = static_cast<size_t>(order_pos_[pos]);
   params_.use(unit);
-  if (x_.o.stage == 3) params_.prefetch(pos + 1);
+  if (x_.o.stage == 3) params_.prefetch(q + 1);
   c.batch = &m.batch;
   c.input = m.carry;
   c.checkpoint = checkpoint_[u];
@@ -92,8 +122,8 @@ void ScheduleRunner::forward(Micro& m, int unit, size_t pos) {
   m.carry = c.output;
   // Stage 3 frees the gathered parameters here (after the stream has passed the Unit); else the
   // host waits only for the Unit before this one (unit_fence).
-  if (x_.o.stage == 3) params_.release_after(pos); else x_.unit_fence();
-  if (u + 1 != x_.model.units.size()) return;
+  if (x_.o.stage == 3) params_.release_after(q); else x_.unit_fence();
+  if (u + 1 != x_.model.units.size() || !has_loss_) return;
   // The loss (fp32, or fp64 with fp64 activations) to the host; the synchronize also reports a
   // bad token or target found by this micro-batch's ops.
   double loss64 = 0;
@@ -105,25 +135,46 @@ void ScheduleRunner::forward(Micro& m, int unit, size_t pos) {
   m.carry = Tensor();  // the last Unit's backward starts from the loss, not from a gradient
 }
 
-void ScheduleRunner::backward(Micro& m, int unit, size_t pos, bool last, bool final_pass,
-                              float seed_scale) {
-  const size_t u = static_cast<size_t>(unit);
+void ScheduleRunner::backward(MicroState& m, const UnitPass& p, size_t pos, float seed_scale) {
+  const size_t u = static_cast<size_t>(p.unit);
   UnitContext& c = m.ctx[u];
-  if (x_.o.stage == 3) {
-    params_.use(unit);
-    params_.prefetch(pos + 1);
+  Unit& unit = *x_.model.units[u];
+  const bool reads = p.reads_params();
+  const size_t q = reads ? static_cast<size_t>(order_pos_[pos]) : 0;
+  if (x_.o.stage == 3 && reads) {
+    params_.use(p.unit);
+    params_.prefetch(q + 1);
   }
-  c.params = params_.views(unit);
-  c.grads = grads_.views(unit);
-  c.grad_output = m.carry;
-  c.grad_scale = seed_scale;
-  x_.model.units[u]->backward(c);
-  m.carry = c.grad_input;
-  c = UnitContext();
-  grads_.after_backward(unit, last);  // group `unit` is complete now
-  if (x_.o.stage == 3) {
-    // After the step's final pass the optimizer step changes the shards: nothing stays gathered.
-    if (final_pass) params_.release_all(); else params_.release_after(pos);
+  if (reads) {
+    c.params = params_.views(p.unit);
+    c.grad_output = m.carry;
+    c.grad_scale = seed_scale;
+  }
+  c.grads = grads_.views(p.unit);
+  switch (p.part) {
+    case Part::backward: unit.backward(c); break;
+    case Part::input: unit.backward_input(c); break;
+    case Part::weight: unit.backward_weight(c); break;
+    case Part::forward: break;
+  }
+  if (reads) m.carry = c.grad_input;
+  if (p.part == Part::input) {
+    // W reads only ctx.state and ctx.grads (core/unit.hpp): drop the rest now, so a stage's
+    // boundary tensors do not wait for the W passes.
+    c.params.clear();
+    c.grads.clear();
+    c.input = Tensor();
+    c.output = Tensor();
+    c.grad_output = Tensor();
+    c.grad_input = Tensor();
+  } else {
+    c = UnitContext();
+    grads_.after_backward(p.unit, pos == last_grad_[u]);  // group `unit` is complete now
+  }
+  if (x_.o.stage == 3 && reads) {
+    // After the step's last pass that reads parameters the optimizer step changes the shards:
+    // nothing stays gathered.
+    if (pos == last_reader_) params_.release_all(); else params_.release_after(q);
   } else {
     x_.unit_fence();
   }

@@ -16,6 +16,7 @@
 // reads each micro-batch's loss with one synchronize of the compute stream.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -26,21 +27,44 @@
 namespace zero::engine {
 
 struct UnitPass {
-  int micro;      // micro-batch 0 .. gradient_accumulation_steps - 1
-  int unit;       // index into Model::units
-  bool backward;  // false: forward
+  // forward; backward (joint); or the two halves of a split backward (core/unit.hpp): the input
+  // gradient (reads the parameters) and, later, the weight gradient (does not).
+  enum class Part : uint8_t { forward, backward, input, weight };
+  int micro;  // micro-batch 0 .. gradient_accumulation_steps - 1
+  int unit;   // index into Model::units
+  Part part = Part::forward;
+  bool is_backward() const { return part != Part::forward; }
+  bool reads_params() const { return part != Part::weight; }
+  // The pass after which the Unit adds nothing more to its gradients for this micro-batch.
+  bool ends_grad() const { return part == Part::backward || part == Part::weight; }
 };
 
 // Per micro-batch: forward 0 .. units-1, then backward units-1 .. 0.
 std::vector<UnitPass> local_schedule(int units, int micro_batches);
 
-// The Units in the order a schedule runs them (ParamResidency::set_order).
+// The Units of the passes that read parameters (not the weight halves), in order: stage 3's
+// prefetch order (ParamResidency::set_order).
 std::vector<int> unit_order(const std::vector<UnitPass>& passes);
+
+// One micro-batch in flight: its batch, what each Unit's forward kept, and the tensor between
+// passes (forward: the output going up, the first Unit's input when a previous pipeline stage
+// sent it; backward: the gradient going down, the last Unit's grad_output when a next stage
+// sent it), and its loss (the model's last Unit).
+struct MicroState {
+  Batch batch;
+  std::vector<UnitContext> ctx;
+  Tensor carry;
+  double loss = 0;
+  int passes_left = 0;
+};
 
 class ScheduleRunner {
  public:
   // `checkpoint[u]`: Unit u recomputes its activations in backward (checkpoint_plan).
-  ScheduleRunner(Context& x, ParamResidency& params, GradReduction& grads, std::vector<bool> checkpoint);
+  // `has_loss`: the model's last Unit computes the loss (false on a pipeline stage before the
+  // last: its last Unit's output goes to the next stage).
+  ScheduleRunner(Context& x, ParamResidency& params, GradReduction& grads, std::vector<bool> checkpoint,
+                 bool has_loss = true);
 
   // Runs `passes` (one step). next(m) gives micro-batch m (on the device), asked for just before
   // its first pass; fetched(m) is called right after. The backward seeds are scaled by
@@ -48,15 +72,32 @@ class ScheduleRunner {
   double run(const std::vector<UnitPass>& passes, const std::function<Batch(int micro)>& next,
              const std::function<void(int micro)>& fetched, float seed_scale);
 
+  // The same one pass at a time (the pipeline executor interleaves transfers): plan() a step's
+  // passes (each Unit's final gradient pass, stage 3's gather order when it changed), then
+  // pass(m, pos, ..) for pos = 0, 1, .. in order, each on its micro-batch's state. passes(micro)
+  // is how many passes micro-batch `micro` has in the plan.
+  void plan(const std::vector<UnitPass>& passes);
+  void pass(MicroState& m, size_t pos, float seed_scale);
+  int passes(int micro) const;
+
  private:
-  struct Micro;  // one micro-batch in flight: its batch, Unit contexts, carried tensors, loss
-  void forward(Micro& m, int unit, size_t pos);
-  void backward(Micro& m, int unit, size_t pos, bool last, bool final_pass, float seed_scale);
+  void forward(MicroState& m, int unit, size_t pos);
+  void backward(MicroState& m, const UnitPass& p, size_t pos, float seed_scale);
 
   Context& x_;
   ParamResidency& params_;
   GradReduction& grads_;
   std::vector<bool> checkpoint_;
+  bool has_loss_;
+  // The plan: the passes, each Unit's last gradient-ending pass (after it the Unit's group holds
+  // the step's final gradient), the last pass that reads parameters (stage 3 then releases all),
+  // each pass's index in the gather order (-1: reads none), passes per micro-batch.
+  std::vector<UnitPass> passes_;
+  std::vector<size_t> last_grad_;
+  size_t last_reader_ = 0;
+  std::vector<long> order_pos_;
+  std::vector<int> order_;
+  std::vector<int> count_;
 };
 
 }  // namespace zero::engine

@@ -106,24 +106,3 @@ void check_schedule(const char* name) {
 TEST_CASE("pipeline executor: gpipe trains bitwise like one rank", "[pipeline]") { check_schedule("gpipe"); }
 TEST_CASE("pipeline executor: 1f1b trains bitwise like one rank", "[pipeline]") { check_schedule("1f1b"); }
 TEST_CASE("pipeline executor: zb-h1 trains bitwise like one rank", "[pipeline]") { check_schedule("zb-h1"); }
-
-TEST_CASE("pipeline executor: clipping is refused with a clear error", "[pipeline]") {
-  coll::Communicator& world = *test::env().comm;
-  Device& dev = *test::env().device;
-  const int p = world.size(), s = world.rank();
-  auto alone = world.split(s, 0);
-  auto stream = dev.create_stream("compute");
-  auto ops = models::make_ops(dev, *stream);
-  Model model = models::make_mlp({kMlp, ScalarType::f32, ScalarType::f32}, *ops);
-  engine::PipelineStage st = engine::make_pipeline_stage(
-      model, pipeline::cut_uniform(static_cast<int>(model.units.size()), p), world);
-  EngineOptions o = options();
-  o.gradient_clipping = 1.0f;
-  Engine stage(st.view.model, dev, *stream, *alone, o, st.place);
-  try {
-    stage.pipeline_step(pipeline::one_f_one_b(p, kM, s), [&](int mb) { return make_batch(dev, mb); });
-    FAIL("no error");
-  } catch (const Error& e) {
-    CHECK(std::string(e.what()).find("gradient_clipping") != std::string::npos);
-  }
-}

@@ -1,0 +1,271 @@
+// Issue 18's equivalence matrix: pipeline parallelism composed with ZeRO trains like stage 0 on
+// one rank. The world of W ranks is P pipeline stages x D = W / P data-parallel ranks
+// (collectives/grid.hpp); each stage runs an Engine over its view of the model with the
+// stage's data-parallel communicator (engine::make_pipeline_stage). For every schedule (gpipe,
+// 1f1b, zb-h1), ZeRO stage 0-3, with and without optimizer offload, fp32 and bf16, 4
+// micro-batches per data rank and clipping that is active, every rank compares its stage's
+// parameters, and the step losses, with a reference: the whole model, stage 0, on a world of
+// one, D x 4 micro-batches per step (the same global batch, the same data).
+//
+// Models: an MLP of 5 Units (no divisor of 2 or 4: a cut with unequal stages) and a GPT of 4
+// Units (embedding, 2 blocks, head) whose token embedding is tied to the LM head, so its copies
+// on the first and the last stage must get the summed gradient. With P = 2 and the GPT of 3
+// blocks (5 Units) too.
+//
+// Bounds. Where the arithmetic is the same, the result is bitwise (tests/mpi/pipeline_exec_test:
+// fp32, ZeRO 0, one data rank, the MLP). Here the summation orders differ: the data-parallel
+// reduction adds the data ranks' sums, stage 2/3 add each micro-batch's reduced shard to an fp32
+// accumulator, the tied gradient is the sum of the two stages' sums, and clipping scales by a
+// norm summed per stage. The measure is engine_test's (the relative L2 difference of the
+// parameters against the same kind of reference). fp32: at most 2e-6, as engine_test's GPT
+// bound (a few fp32 roundings of each gradient, amplified by Adam's normalisation over 6
+// steps); measured up to 2.3e-7. bf16: at most 4e-3. Its working parameters round at 2^-9
+// relative, so a master that differs in its last fp32 bits rounds to the neighbouring bf16 value
+// in some elements and every later gradient differs at the bf16 level: measured up to 2.8e-3
+// with 2 data ranks (the data-parallel sum is a second order of bf16 additions), 4.8e-4 with one,
+// and 0 (bitwise) for the MLP at ZeRO 0 on one data rank. Losses: relative 1e-5 (fp32), 3e-3
+// (bf16). Planted bugs, measured: the tied sum left out gives 1.2e-2 (fp32 GPT); the norm of a
+// stage's own gradients only (clipping per stage) 6.4e-3 (fp32 GPT) and 4.9e-3 (bf16 MLP).
+// ZERO_TEST_PRINT=1 prints every measured difference (how the figures above were taken).
+#include <catch2/catch_test_macros.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "collectives/grid.hpp"
+#include "core/world.hpp"
+#include "models/gpt.hpp"
+#include "models/mlp.hpp"
+#include "runtime/engine/engine.hpp"
+#include "runtime/engine/pipeline_stage.hpp"
+#include "runtime/pipeline/schedule.hpp"
+#include "runtime/pipeline/stage_partition.hpp"
+#include "tests/mpi/mpi_fixture.hpp"
+
+using namespace zero;
+
+namespace {
+
+constexpr int kSteps = 6;
+constexpr int kGa = 4;     // micro-batches per data rank and step
+constexpr int kMicro = 8;  // MLP samples per micro-batch
+const models::MlpShape kMlp{12, 24, 4, 5};      // fc.0 .. fc.3, head: 5 Units
+const models::GptShape kGpt{2, 16, 2, 13, 8};   // embedding, 2 blocks, head: 4 Units
+const models::GptShape kGpt3{3, 16, 2, 13, 8};  // 5 Units
+
+struct Setup {
+  bool gpt = false;
+  models::GptShape gpt_shape = kGpt;
+  int pipeline = 2;
+  const char* schedule = "1f1b";
+  int zero = 0;
+  ScalarType type = ScalarType::f32;
+  bool offload = false;
+  bool remat = false;  // activation checkpointing inside each stage
+  float clip = 0.05f;  // active: the norms here are far above it
+};
+
+struct Run {
+  std::vector<std::vector<float>> params;  // the stage's parameters (pipeline) or all (reference)
+  std::vector<double> losses;
+};
+
+Batch make_batch(Device& dev, bool gpt, int64_t index) {
+  Batch b;
+  if (gpt) {
+    std::vector<int32_t> tok(16), tgt(16);
+    for (size_t i = 0; i < tok.size(); ++i) {
+      tok[i] = static_cast<int32_t>((index * 7 + static_cast<int64_t>(i) * 3) % 13);
+      tgt[i] = (tok[i] * 2 + 1) % 13;
+    }
+    b.inputs = Tensor::empty(dev, Shape{2, 8}, ScalarType::i32, MemCategory::activations);
+    b.targets = Tensor::empty(dev, Shape{2, 8}, ScalarType::i32, MemCategory::activations);
+    std::memcpy(b.inputs.data(), tok.data(), tok.size() * 4);
+    std::memcpy(b.targets.data(), tgt.data(), tgt.size() * 4);
+    return b;
+  }
+  static const models::MlpTeacherTask task(kMlp, 11);
+  std::vector<float> feat;
+  std::vector<int32_t> labels;
+  task.batch(index * kMicro, kMicro, feat, labels);
+  b.inputs = Tensor::empty(dev, Shape{kMicro, kMlp.in_features}, ScalarType::f32, MemCategory::activations);
+  b.targets = Tensor::empty(dev, Shape{kMicro}, ScalarType::i32, MemCategory::activations);
+  std::memcpy(b.inputs.data(), feat.data(), feat.size() * 4);
+  std::memcpy(b.targets.data(), labels.data(), labels.size() * 4);
+  return b;
+}
+
+Model build(const Setup& s, models::Ops& ops) {
+  return s.gpt ? models::make_gpt({s.gpt_shape, s.type, ScalarType::f32}, ops)
+               : models::make_mlp({kMlp, s.type, ScalarType::f32}, ops);
+}
+
+EngineOptions options(const Setup& s, int stage, int ga) {
+  EngineOptions o;
+  o.stage = stage;
+  o.gradient_accumulation_steps = ga;
+  o.param_type = s.type;
+  o.adam.weight_decay = 0.01f;
+  o.gradient_clipping = s.clip;
+  o.lr = [](int64_t t) { return 1e-2f * std::min(1.0f, static_cast<float>(t) / 3.0f); };
+  o.seed = 5;
+  o.offload_optimizer = s.offload;
+  o.pin = offload::PinPolicy::off;
+  if (s.remat) o.number_checkpoints = 1000;
+  return o;
+}
+
+// The reference: the whole model, stage 0, one rank, D x kGa micro-batches per step.
+Run reference(const Setup& s, int data) {
+  coll::Communicator& world = *test::env().comm;
+  Device& dev = *test::env().device;
+  auto alone = world.split(world.rank(), 0);
+  auto stream = dev.create_stream("compute");
+  auto ops = models::make_ops(dev, *stream);
+  Model model = build(s, *ops);
+  Setup r = s;
+  r.offload = false;
+  r.remat = false;
+  Engine engine(model, dev, *stream, *alone, options(r, 0, data * kGa));
+  Run run;
+  for (int step = 0; step < kSteps; ++step)
+    run.losses.push_back(engine.step([&](int m) { return make_batch(dev, s.gpt, int64_t{step} * 1000 + m); }).loss);
+  for (int p = 0; p < static_cast<int>(model.params.size()); ++p) run.params.push_back(engine.parameter(p));
+  return run;
+}
+
+// The pipeline: this rank's stage; its parameters in the view's order, with `to_original`.
+Run pipelined(const Setup& s, std::vector<int>& to_original, std::vector<std::string>& names) {
+  coll::Communicator& world = *test::env().comm;
+  Device& dev = *test::env().device;
+  coll::ProcessGrid grid(world, coll::grid_shape_for(world.size(), s.pipeline, 1));
+  const int P = s.pipeline, D = world.size() / P;
+  const coll::GridCoord me = grid.coord();
+  auto stream = dev.create_stream("compute");
+  auto ops = models::make_ops(dev, *stream);
+  Model model = build(s, *ops);
+  const pipeline::StageCut cut = pipeline::cut_uniform(static_cast<int>(model.units.size()), P);
+  engine::PipelineStage st = engine::make_pipeline_stage(model, cut, grid.pipeline());
+  Engine engine(st.view.model, dev, *stream, grid.data(), options(s, s.zero, kGa), st.place);
+  const pipeline::Stage list = pipeline::schedule_by_name(s.schedule)(P, kGa, me.pipeline);
+  Run run;
+  for (int step = 0; step < kSteps; ++step) {
+    const StepStats ps = engine.pipeline_step(list, [&](int m) {
+      return make_batch(dev, s.gpt, int64_t{step} * 1000 + int64_t{me.data} * kGa + m);
+    });
+    // The step's loss on every stage is its data rank's mean; the global one is their mean.
+    float loss = static_cast<float>(ps.loss / D);
+    grid.data().all_reduce(&loss, &loss, 1, DType::f32, coll::ReduceOp::sum).wait();
+    run.losses.push_back(loss);
+  }
+  to_original = st.place.to_original;
+  names.clear();
+  for (size_t i = 0; i < st.view.model.params.size(); ++i) {
+    run.params.push_back(engine.parameter(static_cast<int>(i)));
+    names.push_back(st.view.model.params[i].name);
+  }
+  return run;
+}
+
+// ||a - b|| / ||b|| over the stage's parameters (engine_test's measure: an elementwise bound
+// would be meaningless, Adam amplifies rounding noise of near-zero gradients to steps of order
+// lr). Skipped as there: the GPT's key biases (exact gradient zero, only noise).
+double rel_l2(const Run& got, const Run& ref, const std::vector<int>& to_original,
+              const std::vector<std::string>& names, int n_embd) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.params.size(); ++i) {
+    const std::vector<float>& a = got.params[i];
+    const std::vector<float>& b = ref.params[static_cast<size_t>(to_original[i])];
+    REQUIRE(a.size() == b.size());
+    const bool key_bias = names[i].ends_with("attn.c_attn.bias");
+    for (size_t k = 0; k < a.size(); ++k) {
+      if (key_bias && k >= size_t(n_embd) && k < size_t(2 * n_embd)) continue;
+      const double d = double(a[k]) - b[k];
+      num += d * d;
+      den += double(b[k]) * b[k];
+    }
+  }
+  return std::sqrt(num / den);
+}
+
+void check(const Setup& s) {
+  coll::Communicator& world = *test::env().comm;
+  const int D = world.size() / s.pipeline;
+  const Run ref = reference(s, D);
+  std::vector<int> to_original;
+  std::vector<std::string> names;
+  const Run got = pipelined(s, to_original, names);
+  const bool f32 = s.type == ScalarType::f32;
+  const double tol = f32 ? 2e-6 : 4e-3, loss_tol = f32 ? 1e-5 : 3e-3;
+  const double diff = rel_l2(got, ref, to_original, names, s.gpt_shape.n_embd);
+  INFO((s.gpt ? "gpt " + std::to_string(s.gpt_shape.n_layer) + " blocks" : std::string("mlp"))
+       << ", " << s.pipeline << " stages x " << D << " data, " << s.schedule << ", ZeRO " << s.zero
+       << ", " << to_string(s.type) << (s.offload ? ", offload" : "") << (s.remat ? ", remat" : "")
+       << ", world rank " << world.rank() << ": relative L2 parameter difference " << diff
+       << ", final loss " << got.losses.back() << " vs " << ref.losses.back());
+  if (std::getenv("ZERO_TEST_PRINT")) std::printf("rank %d %s p%d %s zero%d %s%s%s: diff %.3g loss %.6f vs %.6f\n", world.rank(), s.gpt ? "gpt" : "mlp", s.pipeline, s.schedule, s.zero, s.type == ScalarType::f32 ? "f32" : "bf16", s.offload ? " offload" : "", s.remat ? " remat" : "", diff, got.losses.back(), ref.losses.back());
+  CHECK(diff <= tol);
+  for (int t = 0; t < kSteps; ++t)
+    CHECK(std::abs(got.losses[t] - ref.losses[t]) <= loss_tol * std::abs(ref.losses[t]));
+  // It trains: the loss falls (the bounds above mean nothing on a model that does not move).
+  CHECK(ref.losses.back() < ref.losses.front());
+}
+
+// The pipeline depths this world size runs: 2 and 4 where they divide it into at most 2 data
+// ranks (2 ranks: 2 x 1; 4: 2 x 2 and 4 x 1; 8: 4 x 2). More data ranks add bf16 noise of the
+// order of the planted bugs' effect (measured 4.2e-3 at 2 x 4), and the issue asks for 1 and 2.
+std::vector<int> depths() {
+  const int W = test::env().comm->size();
+  std::vector<int> out;
+  for (int p : {2, 4})
+    if (W % p == 0 && W / p <= 2) out.push_back(p);
+  return out;
+}
+
+const char* const kSchedules[] = {"gpipe", "1f1b", "zb-h1"};
+
+}  // namespace
+
+TEST_CASE("pipeline x ZeRO: fp32 MLP of unequal stages under every schedule and ZeRO stage", "[pipeline]") {
+  for (int p : depths())
+    for (const char* sched : kSchedules)
+      for (int zero = 0; zero <= 3; ++zero) check({.pipeline = p, .schedule = sched, .zero = zero});
+}
+
+TEST_CASE("pipeline x ZeRO: fp32 GPT with the tied embedding under every schedule and ZeRO stage", "[pipeline]") {
+  for (int p : depths())
+    for (const char* sched : kSchedules)
+      for (int zero = 0; zero <= 3; ++zero) check({.gpt = true, .pipeline = p, .schedule = sched, .zero = zero});
+}
+
+TEST_CASE("pipeline x ZeRO: bf16", "[pipeline]") {
+  for (int p : depths())
+    for (const char* sched : kSchedules)
+      for (int zero : {0, 2, 3}) {
+        check({.pipeline = p, .schedule = sched, .zero = zero, .type = ScalarType::bf16});
+        check({.gpt = true, .pipeline = p, .schedule = sched, .zero = zero, .type = ScalarType::bf16});
+      }
+}
+
+TEST_CASE("pipeline x ZeRO: optimizer offload (speculative host step)", "[pipeline]") {
+  for (int p : depths())
+    for (int zero = 1; zero <= 3; ++zero) {
+      check({.pipeline = p, .schedule = "zb-h1", .zero = zero, .offload = true});
+      check({.gpt = true, .pipeline = p, .schedule = "1f1b", .zero = zero, .offload = true});
+      check({.gpt = true, .pipeline = p, .schedule = "zb-h1", .zero = zero, .type = ScalarType::bf16,
+             .offload = true});
+    }
+}
+
+TEST_CASE("pipeline x ZeRO: activation checkpointing inside a stage of a GPT of 5 Units", "[pipeline]") {
+  for (int p : depths())
+    for (const char* sched : kSchedules) {
+      check({.gpt = true, .gpt_shape = kGpt3, .pipeline = p, .schedule = sched, .zero = 1, .remat = true});
+      check({.gpt = true, .gpt_shape = kGpt3, .pipeline = p, .schedule = sched, .zero = 3});
+    }
+}
