@@ -292,6 +292,13 @@ class Engine {
   // every position (the last Unit's output read as logits [.., V]; ties to the lower id), for
   // exact-match scoring. Collective at stage 3 (the Units' groups are gathered); between steps.
   double evaluate(const Batch& batch, std::vector<int32_t>* argmax = nullptr);
+  // evaluate() for an Engine built with a PipelinePlace (pipeline_evaluate.cpp): the stage's
+  // Units forward on the previous stage's activation (the first stage: on `batch`), the output
+  // sent to the next stage; the last stage computes the loss (and `argmax`), and both are
+  // broadcast over place.pipe, so every stage returns the same. `batch` matters on the first
+  // stage (tokens) and the last (targets) only. Collective over the pipeline (and, at stage 3,
+  // the stage's data group): every stage calls it with the same `argmax` (null or not).
+  double pipeline_evaluate(const Batch& batch, std::vector<int32_t>* argmax = nullptr);
 
   const Partition& partition() const noexcept;
   const EngineOptions& options() const noexcept;

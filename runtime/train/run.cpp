@@ -58,15 +58,15 @@ void report_run(const Run& run, DeviceKind kind, const offload::ThreadBudget& bu
   std::snprintf(line, sizeof line,
                 "zero-train: %s, GPT%s (%d layers, hidden %d, %d heads, vocabulary %d), %lld "
                 "parameters\nzero-train: %d rank(s) on %s, ZeRO stage %d%s%s, %s, batch %lld = "
-                "%d per rank x %d accumulation x %d ranks, %lld steps, seed %lld\ndata: %s, %d "
+                "%d per rank x %d accumulation x %d %s, %lld steps, seed %lld\ndata: %s, %d "
                 "tokens per sequence",
                 run.flags.config.c_str(), c.ours.model_preset.empty() ? "" : (" " + c.ours.model_preset).c_str(),
                 shape.n_layer, shape.n_embd, shape.n_head, shape.vocab_size,
                 static_cast<long long>(run.model->parameter_count()), run.W, run.device->name().c_str(), o.stage,
                 o.offload_optimizer ? ", optimizer offloaded to host memory" : "",
                 o.offload_param ? ", parameters offloaded" : "",
-                std::string(to_string(o.param_type)).c_str(), c.batch.train_batch_size, run.B, run.GA, run.W,
-                run.steps, c.seed, run.data.describe().c_str(), run.T);
+                std::string(to_string(o.param_type)).c_str(), c.batch.train_batch_size, run.B, run.GA, run.D,
+                run.D == run.W ? "ranks" : "data-parallel rank(s)", run.steps, c.seed, run.data.describe().c_str(), run.T);
   log::info(line);
   log::info(budget.explanation);
   // What decides whether another machine reproduces this run's losses bit for bit.
@@ -111,18 +111,6 @@ bool Run::write_metrics(const std::string& text) {
 int set_up_run(Run& run) {
   World& world = run.world;
   const config::Config& c = run.c;
-  // The grid validates (--validate shows it), but only the data-parallel axis trains yet: a
-  // pipeline config must not quietly train as something else.
-  if (c.ours.parallel.pipeline > 1) {
-    if (world.is_root())
-      std::fprintf(stderr,
-                   "%s: error: zero_train.parallel.pipeline: %d stages: pipeline parallelism: the "
-                   "executor comes with issue 18's next part; --validate accepts the config\n"
-                   "HINT: set zero_train.parallel.pipeline to 1 (and remove pipeline.stages) to "
-                   "train data-parallel on all %d ranks\n",
-                   run.flags.config.c_str(), c.ours.parallel.pipeline, world.size());
-    return kExitUsage;
-  }
   run.watchdog.emplace(world, WatchdogOptions{.timeout_s = c.ours.watchdog_timeout, .exit_code = kExitLost});
   if (const int rc = open_data_and_metrics(run); rc != 0) return rc;
 
@@ -181,6 +169,8 @@ int set_up_run(Run& run) {
   const ScalarType act = kind == DeviceKind::cpu ? ScalarType::f32 : o.param_type;
   run.model.emplace(models::make_gpt({run.shape, o.param_type, act}, *run.ops));
   run.W = world.size();
+  // The batch rule's data-parallel size: world / (pipeline x tensor), resolved by the config.
+  run.D = c.ours.parallel.data;
   run.B = static_cast<int>(c.batch.train_micro_batch_size_per_gpu);
   run.GA = o.gradient_accumulation_steps;
   run.T = run.data.seq_len;
@@ -193,12 +183,24 @@ int set_up_run(Run& run) {
                                       ? " (device and host memory share it on the cpu backend)"
                                       : ""));
   for (const std::string& w : memory_warnings) log::warn(w);
+  // Pipeline stages: the grid, the cut and the schedule first; the engine is then the stage's.
+  if (c.ours.parallel.pipeline > 1 &&
+      !on_all_ranks(world, "setting up " + std::to_string(c.ours.parallel.pipeline) + " pipeline stages",
+                    [&] { build_pipeline(run); }))
+    return kExitFailure;
   if (!on_all_ranks(world, "the model does not fit", [&] {
-        run.engine = std::make_unique<Engine>(*run.model, device, *run.stream, *run.comm, o);
+        if (run.pipe)
+          run.engine = std::make_unique<Engine>(run.pipe->stage->view.model, device, *run.stream,
+                                                run.pipe->grid->data(), o, run.pipe->stage->place);
+        else
+          run.engine = std::make_unique<Engine>(*run.model, device, *run.stream, *run.comm, o);
       }))
     return kExitFailure;
 
-  log::info(run.engine->memory_report());
+  if (run.pipe)
+    report_pipeline(run);  // the grid, each stage's Units and each stage's memory report
+  else
+    log::info(run.engine->memory_report());
   report_memory_per_rank(run);
   return 0;
 }

@@ -1,6 +1,7 @@
 // One training run of zero-train: everything that lives from start-up to the end of the run
-// (the watchdog, the data, the metrics file, the device and its communicators, the model and
-// the engine), built in that order by set_up_run, which also prints the start-up report.
+// (the watchdog, the data, the metrics file, the device and its communicators, the model, its
+// pipeline stage and the engine), built in that order by set_up_run, which also prints the
+// start-up report.
 //
 // Ownership and lifetime: a Run owns all of it. The members are declared in the order they are
 // built, so they are destroyed in the reverse order: the engine before the model it drives, the
@@ -25,6 +26,7 @@
 #include "runtime/engine/engine.hpp"
 #include "runtime/train/flags.hpp"
 #include "runtime/train/metrics_file.hpp"
+#include "runtime/train/pipeline_run.hpp"
 #include "runtime/train/training_data.hpp"
 
 namespace zero::train {
@@ -61,11 +63,16 @@ struct Run {
   std::unique_ptr<models::Ops> ops;
   EngineOptions options;
   std::optional<Model> model;
+  // With pipeline stages (zero_train.parallel.pipeline > 1): the grid, this rank's stage and its
+  // schedule (pipeline_run.hpp); null otherwise. Between the model (its stage view borrows the
+  // model's Units) and the engine (which borrows the view, the place and the grid's communicators).
+  std::unique_ptr<PipelineRun> pipe;
   std::unique_ptr<Engine> engine;
 
-  // The run's sizes: W ranks, B sequences per micro-batch, GA micro-batches per step, T tokens
-  // per sequence; the step the run trains up to.
-  int W = 0, B = 0, GA = 0, T = 0;
+  // The run's sizes: W ranks, of which D data-parallel (W without pipeline stages; the batch
+  // rule's size), B sequences per micro-batch, GA micro-batches per step, T tokens per sequence;
+  // the step the run trains up to.
+  int W = 0, D = 0, B = 0, GA = 0, T = 0;
   long long steps = 0;
 
   coll::Communicator& host_comm() { return mpi_comm ? *mpi_comm : *comm; }
@@ -79,9 +86,10 @@ struct Run {
 // is built or trained); the device ("auto": cuda when every rank has a GPU of its own), the
 // communicators, the model and the engine; and prints the start-up report on rank 0 (the run,
 // the host thread budget, the memory budget, the model state per rank and the ledger).
-// Returns 0, or the exit code with the reason printed: kExitUsage for bad input (and, until the
-// pipeline executor exists, for a config with more than one pipeline stage: refused before
-// anything is built), kExitFailure when the device cannot be opened or the model does not fit.
+// With pipeline stages, the grid, the stage cut and the schedule are built before the engine,
+// which is then this rank's stage's (pipeline_run.hpp), and the report shows them.
+// Returns 0, or the exit code with the reason printed: kExitUsage for bad input, kExitFailure
+// when the device cannot be opened, the pipeline cannot be set up or the model does not fit.
 int set_up_run(Run& run);
 
 }  // namespace zero::train

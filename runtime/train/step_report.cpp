@@ -44,7 +44,7 @@ std::string metrics_line(nlohmann::json j) {
 }
 
 std::string StepReport::metrics(long long step, double loss, const StepStats& st, double tokens, double dt_step,
-                                const LedgerSnapshot& snap) const {
+                                const LedgerSnapshot& snap, std::optional<Bubble> bubble) const {
   nlohmann::json j = {{"step", step},
                       {"loss", loss},
                       {"lr", st.lr},
@@ -59,6 +59,10 @@ std::string StepReport::metrics(long long step, double loss, const StepStats& st
                       {"host_bytes", snap.total[1].current},
                       {"device_peak_bytes", snap.total[0].peak},
                       {"host_peak_bytes", snap.total[1].peak}};
+  if (bubble) {
+    j["bubble"] = bubble->mean;
+    j["bubble_max"] = bubble->max;
+  }
   if (timers)
     j["time"] = {{"forward", st.time.forward},     {"backward", st.time.backward},
                  {"optimizer", st.time.optimizer}, {"comm_busy", st.time.comm_busy},
@@ -69,7 +73,7 @@ std::string StepReport::metrics(long long step, double loss, const StepStats& st
 }
 
 void StepReport::print(long long step, long long steps, double loss, const StepStats& st, double tokens, double dt,
-                       const LedgerSnapshot& snap) const {
+                       const LedgerSnapshot& snap, std::optional<Bubble> bubble) const {
   // " (MFU x%)" where the peak is known, else nothing.
   auto mfu_text = [&](double flops_per_s) {
     if (!peak) return std::string();
@@ -77,14 +81,19 @@ void StepReport::print(long long step, long long steps, double loss, const StepS
     std::snprintf(b, sizeof b, " (MFU %.1f%%)", 100.0 * flops_per_s / *peak);
     return std::string(b);
   };
+  // " | bubble x% (mean over stages, max y%)" with pipeline stages.
+  char bubble_text[96] = "";
+  if (bubble)
+    std::snprintf(bubble_text, sizeof bubble_text, " | bubble %.1f%% (mean over stages, max %.1f%%)",
+                  100.0 * bubble->mean, 100.0 * bubble->max);
   char line[1024];
   std::snprintf(line, sizeof line,
                 "step %lld/%lld | loss %.4f | lr %.3g | grad norm %.3g | loss scale %g%s | "
-                "%.0f tokens/s | %.3g GFLOP/s%s | %.3f s/step | device %s | host %s",
+                "%.0f tokens/s | %.3g GFLOP/s%s | %.3f s/step%s | device %s | host %s",
                 step, steps, loss, static_cast<double>(st.lr), static_cast<double>(st.grad_norm),
                 st.loss_scale, st.applied ? "" : " (skipped: overflow)", tokens / dt,
                 tokens * flops_per_token / dt * 1e-9, mfu_text(tokens * flops_per_token / dt).c_str(), dt,
-                format_bytes(snap.total[0].current).c_str(), format_bytes(snap.total[1].current).c_str());
+                bubble_text, format_bytes(snap.total[0].current).c_str(), format_bytes(snap.total[1].current).c_str());
   log::info(line);
   if (!timers) return;
   std::snprintf(line, sizeof line,

@@ -25,6 +25,12 @@ double now_seconds();
 // for doubles, nlohmann's shortest round trip otherwise), so runs compare bit for bit.
 std::string metrics_line(nlohmann::json j);
 
+// A pipeline step's measured bubble (StepStats::time.bubble(), p2p_wait / step, per rank): the
+// mean over every rank (each stage of each pipeline) and the largest.
+struct Bubble {
+  double mean = 0, max = 0;
+};
+
 // The figures a run's step reports derive from, fixed for the run.
 struct StepReport {
   // Model FLOPs per token (models::gpt_flops_per_token: 6 x the matmul parameters + attention,
@@ -38,13 +44,14 @@ struct StepReport {
   bool offload_optimizer = false;  //   and, with it, the host AdamW's
 
   // The metrics-file line of step `step`: `loss` the mean over every rank, `tokens` trained by
-  // every rank in this step, `seconds` its duration, `snap` this rank's ledger after it.
+  // every rank in this step, `seconds` its duration, `snap` this rank's ledger after it;
+  // `bubble` with pipeline stages ("bubble", "bubble_max").
   std::string metrics(long long step, double loss, const StepStats& st, double tokens, double seconds,
-                      const LedgerSnapshot& snap) const;
+                      const LedgerSnapshot& snap, std::optional<Bubble> bubble = std::nullopt) const;
   // The log line(s) of step `step` of `steps`; `seconds` is the mean step time since the last
-  // printed step, so throughput covers the steps in between too.
+  // printed step, so throughput covers the steps in between too; `bubble` as above (this step's).
   void print(long long step, long long steps, double loss, const StepStats& st, double tokens, double seconds,
-             const LedgerSnapshot& snap) const;
+             const LedgerSnapshot& snap, std::optional<Bubble> bubble = std::nullopt) const;
 };
 
 // Redraws the progress bar (carriage return, no newline) on stdout.

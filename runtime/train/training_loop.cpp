@@ -61,10 +61,16 @@ HeldOutSet held_out_set(Run& run) {
 // when the metrics line could not be written.
 bool evaluate(Run& run, const HeldOutSet& held_out, long long step) {
   phase::Scope in_phase("evaluation");
+  // With pipeline stages the chunks are spread over the data-parallel index: every stage of a
+  // pipeline takes the same chunks (its rank in its stage's data group is the pipeline's data
+  // index), and Engine::pipeline_evaluate passes each through the stages and hands every stage
+  // the last stage's result.
   const HeldOutResult r = evaluate_held_out(
-      held_out, run.flags.eval_sequences, run.B, /*collective_forward=*/run.options.stage == 3, run.world.comm(),
+      held_out, run.flags.eval_sequences, run.B, /*collective_forward=*/run.options.stage == 3,
+      run.pipe ? run.pipe->data_comm : run.world.comm(),
       [&](const models::data::TokenBatch& tb, std::vector<int32_t>* argmax) {
-        return run.engine->evaluate(to_device(run, tb), argmax);
+        return run.pipe ? run.engine->pipeline_evaluate(to_device(run, tb), argmax)
+                        : run.engine->evaluate(to_device(run, tb), argmax);
       });
   // Exact match (addition task): a problem counts when every digit of its sum is the model's
   // most likely next token (teacher-forced; equal to greedy decoding for a causal model, see
@@ -94,11 +100,11 @@ void announce_evaluation(const Run& run, const HeldOutSet& held_out) {
       flags.eval_sequences > 0 ? std::min<int64_t>(flags.eval_sequences, held_out.size) : held_out.size;
   char line[1024];
   std::snprintf(line, sizeof line,
-                "eval: %lld of the %lld held-out sequences (%s), %d per forward pass, spread over %d rank(s)",
+                "eval: %lld of the %lld held-out sequences (%s), %d per forward pass, spread over %d %s",
                 static_cast<long long>(n), static_cast<long long>(held_out.size),
                 run.data.addition ? "the addition task's held-out problems, in the split's order"
                                   : "the --eval-data windows, in file order",
-                run.B, run.W);
+                run.B, run.D, run.pipe ? "pipeline(s)" : "rank(s)");
   log::info(line);
 }
 
@@ -130,7 +136,9 @@ int train_steps(Run& run, const HeldOutSet& held_out, long long first_step) {
   World& world = run.world;
   const Flags& flags = run.flags;
   Engine& engine = *run.engine;
-  const int W = run.W, B = run.B, GA = run.GA, T = run.T;
+  const int W = run.W, D = run.D, B = run.B, GA = run.GA, T = run.T;
+  // This rank's data-parallel index: its rank, or with pipeline stages its pipeline's index.
+  const int data_rank = run.pipe ? run.pipe->data_rank() : world.rank();
   const long long steps = run.steps;
   const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
   const bool bar = world.is_root() && (flags.progress == "on" ||
@@ -150,27 +158,38 @@ int train_steps(Run& run, const HeldOutSet& held_out, long long first_step) {
     phase::set_step(step);
     phase::set("training step");
     const double t_step = now_seconds();
-    const StepStats st = engine.step([&](int m) {
-      const int64_t first = ((static_cast<int64_t>(step - 1) * W + world.rank()) * GA + m) * B;
+    // Data index d of D reads sequences [((step-1) D + d) GA + m) B, + B): the batch rule's
+    // order, the same with or without pipeline stages for the same data-parallel size.
+    const auto load = [&](int m) {
+      const int64_t first = ((static_cast<int64_t>(step - 1) * D + data_rank) * GA + m) * B;
       return to_device(run, read_or_end_job(world, "reading the training data",
                                             [&] { return run.data.train().batch(first, B, T); }));
-    });
+    };
+    const StepStats st = run.pipe ? pipeline_train_step(run, load) : engine.step(load);
     const double dt_step = now_seconds() - t_step;
     ++since;
-    // The mean loss over every rank's micro-batches (collective: every rank, every step).
+    // The mean loss over every rank's micro-batches (collective: every rank, every step); with
+    // pipeline stages the last stages' losses, and the stages' bubbles.
     phase::set("the loss all-reduce");
     double loss = st.loss / W;
-    ZERO_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, world.comm()));
+    std::optional<Bubble> bubble;
+    if (run.pipe) {
+      const PipelineStepFigures f = pipeline_step_figures(run, st);
+      loss = f.loss;
+      bubble = Bubble{.mean = f.bubble_mean, .max = f.bubble_max};
+    } else {
+      ZERO_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, world.comm()));
+    }
     const LedgerSnapshot snap = run.device->ledger().snapshot();
-    const double tokens = static_cast<double>(W) * GA * B * T;
+    const double tokens = static_cast<double>(D) * GA * B * T;
     std::string metrics_text;
-    if (world.is_root()) metrics_text = report.metrics(step, loss, st, tokens, dt_step, snap);
+    if (world.is_root()) metrics_text = report.metrics(step, loss, st, tokens, dt_step, snap, bubble);
     const bool print = step % run.c.steps_per_print == 0 || step == steps || step == first_step;
     if (bar && !print) draw_progress_bar(step, steps, loss);
     if (print) {
       if (bar) clear_progress_bar();
       const double t = now_seconds(), dt = (t - t_last) / static_cast<double>(since);
-      report.print(step, steps, loss, st, tokens, dt, snap);
+      report.print(step, steps, loss, st, tokens, dt, snap, bubble);
       t_last = t;
       since = 0;
     }

@@ -1,0 +1,164 @@
+// Engine::pipeline_evaluate: forward-only evaluation through the pipeline's stages, the pipeline
+// counterpart of evaluate.cpp. Nothing changes and no activation is kept for a backward.
+//
+// The boundary activation travels exactly as in Engine::pipeline_step (pipeline_step.cpp): a
+// header of kHeader int32 words (scalar type, rank, dims), then the data, both from the same
+// sender to the same receiver so they match in order. Evaluation is not on the hot path, so each
+// transfer is waited for at once (the stages run one after the other: a pipeline of one
+// micro-batch, which is what a held-out forward is).
+//
+// The result (the loss, and with `argmax` the last stage's argmax tokens) is computed on the
+// last stage and broadcast over the pipeline communicator, so every stage returns the same: two
+// broadcasts, a small header (the loss's 8 bytes and the row count) then the rows. The
+// communicator moves device buffers (NCCL on cuda), hence the staging tensors; int32 and double
+// words go as fp32 elements of the same size (a broadcast copies bits).
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include "runtime/engine/engine_state.hpp"
+
+namespace zero {
+namespace {
+
+constexpr int kHeader = 8;  // pipeline_step.cpp's activation header: scalar type, rank, dims
+
+// The most likely token at every row of `logits` [.., V] (ties to the lower id), read to the
+// host; the last Unit's output of the last stage.
+std::vector<int32_t> argmax_rows(Device& dev, Stream& compute, const Tensor& out) {
+  const std::optional<DType> lt = out ? to_dtype(out.type()) : std::nullopt;
+  ZERO_REQUIRE(out && out.shape().rank() >= 1 && (out.type() == ScalarType::f64 || lt),
+               "pipeline_evaluate: the last stage's last Unit gives no floating-point logits to take "
+               "the argmax of");
+  const int64_t V = out.shape()[out.shape().rank() - 1];
+  const int64_t rows = out.numel() / V;
+  std::vector<double> logits(static_cast<size_t>(out.numel()));
+  if (out.type() == ScalarType::f64) {
+    copy_to_host(dev, compute, logits.data(), out);
+    compute.synchronize();
+  } else {  // fp32, or a GPU run's 16-bit logits, widened exactly
+    std::vector<unsigned char> raw(static_cast<size_t>(out.numel()) * size_of(*lt));
+    copy_to_host(dev, compute, raw.data(), out);
+    compute.synchronize();
+    std::vector<float> f(logits.size());
+    convert(raw.data(), *lt, f.data(), DType::f32, f.size());
+    std::copy(f.begin(), f.end(), logits.begin());
+  }
+  std::vector<int32_t> am(static_cast<size_t>(rows), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* row = logits.data() + r * V;
+    am[static_cast<size_t>(r)] = static_cast<int32_t>(std::max_element(row, row + V) - row);
+  }
+  return am;
+}
+
+}  // namespace
+
+double Engine::pipeline_evaluate(const Batch& batch, std::vector<int32_t>* argmax) {
+  State& s = *s_;
+  engine::Context& x = s.x;
+  ZERO_REQUIRE(x.place.active(), "Engine::pipeline_evaluate: this Engine was built without a "
+                                 "PipelinePlace (engine::make_pipeline_stage); use Engine::evaluate");
+  coll::Communicator& pipe = *x.place.pipe;
+  const int prev_rank = x.place.prev(), next_rank = x.place.next();
+  const bool first = prev_rank < 0, last = next_rank < 0;
+  const std::string where = "pipeline evaluation (pipeline rank " + std::to_string(pipe.rank()) + ")";
+  try {
+    // The stage's input: the batch's tokens on the first stage, else the previous stage's output.
+    Tensor carry;
+    if (!first) {
+      Tensor header = Tensor::empty(x.dev, Shape{kHeader}, ScalarType::i32, MemCategory::activations);
+      pipe.recv(header.data(), kHeader, DType::f32, prev_rank).wait();
+      int32_t h[kHeader];
+      copy_to_host(x.dev, x.compute, h, header);
+      x.compute.synchronize();
+      ZERO_REQUIRE(h[0] >= 0 && h[0] <= static_cast<int>(ScalarType::i32) && h[1] >= 1 && h[1] <= Shape::kMaxRank,
+                   where + ": a malformed activation header from pipeline rank " + std::to_string(prev_rank));
+      const Shape shape = h[1] == 1   ? Shape{h[2]}
+                          : h[1] == 2 ? Shape{h[2], h[3]}
+                          : h[1] == 3 ? Shape{h[2], h[3], h[4]}
+                                      : Shape{h[2], h[3], h[4], h[5]};
+      carry = Tensor::empty(x.dev, shape, static_cast<ScalarType>(h[0]), MemCategory::activations);
+      const std::optional<DType> wire = to_dtype(carry.type());
+      ZERO_REQUIRE(wire.has_value(), where + ": the activation is not fp32/bf16/fp16");
+      pipe.recv(carry.data(), static_cast<size_t>(carry.numel()), *wire, prev_rank).wait();
+    }
+
+    const size_t U = x.model.units.size();
+    std::vector<UnitContext> ctx(U);
+    if (x.o.stage == 3) s.params.release_all();  // gathered on demand below, one Unit at a time
+    for (size_t u = 0; u < U; ++u) {
+      UnitContext& c = ctx[u];
+      s.params.use(static_cast<int>(u));
+      c.batch = &batch;
+      c.input = carry;
+      c.checkpoint = true;  // keep no activations for a backward that never comes
+      c.params = s.params.views(static_cast<int>(u));
+      x.model.units[u]->forward(c);
+      c.params.clear();
+      carry = c.output;
+      if (x.o.stage == 3) s.params.release_all(); else x.compute_point()->synchronize();
+    }
+    if (x.o.stage == 3) s.params.prefetch(0);  // the next step's first groups again
+
+    if (!last) {
+      // The header and the activation, as pipeline_step sends them; posted after the compute
+      // stream's point (the activation must be written) and waited for before `carry` goes.
+      std::vector<int32_t> host(kHeader, 0);
+      const Shape& sh = carry.shape();
+      host[0] = static_cast<int32_t>(carry.type());
+      host[1] = sh.rank();
+      for (int d = 0; d < sh.rank(); ++d) host[static_cast<size_t>(2 + d)] = static_cast<int32_t>(sh[d]);
+      Tensor header = Tensor::empty(x.dev, Shape{kHeader}, ScalarType::i32, MemCategory::activations);
+      copy_from_host(x.dev, x.compute, header, host.data());
+      const std::optional<DType> wire = to_dtype(carry.type());
+      ZERO_REQUIRE(wire.has_value(), where + ": the activation is not fp32/bf16/fp16");
+      const coll::P2POp ops[2] = {
+          coll::P2POp::send(header.data(), kHeader, DType::f32, next_rank),
+          coll::P2POp::send(carry.data(), static_cast<size_t>(carry.numel()), *wire, next_rank)};
+      for (coll::Work& w : pipe.batch_send_recv(ops, x.compute_point())) w.wait();
+    }
+
+    // The last stage's result: [loss as a double (2 words), rows of argmax (1 word), unused].
+    int32_t meta[4] = {0, 0, 0, 0};
+    std::vector<int32_t> am;
+    if (last) {
+      double loss64 = 0;
+      float loss32 = 0;
+      const Tensor& loss = ctx.back().loss;
+      ZERO_REQUIRE(loss, where + ": the last stage's last Unit gives no loss");
+      const bool f64 = loss.type() == ScalarType::f64;
+      copy_to_host(x.dev, x.compute, f64 ? static_cast<void*>(&loss64) : static_cast<void*>(&loss32), loss);
+      x.compute.synchronize();
+      const double value = f64 ? loss64 : loss32;
+      std::memcpy(meta, &value, sizeof value);
+      if (argmax) am = argmax_rows(x.dev, x.compute, ctx.back().output);
+      meta[2] = static_cast<int32_t>(am.size());
+    }
+    if (pipe.size() > 1) {
+      const int root = pipe.size() - 1;
+      Tensor m = Tensor::empty(x.dev, Shape{4}, ScalarType::i32, MemCategory::activations);
+      if (last) copy_from_host(x.dev, x.compute, m, meta);
+      pipe.broadcast(m.data(), 4, DType::f32, root, x.compute_point()).wait();
+      copy_to_host(x.dev, x.compute, meta, m);
+      x.compute.synchronize();
+      if (argmax && meta[2] > 0) {
+        Tensor a = Tensor::empty(x.dev, Shape{meta[2]}, ScalarType::i32, MemCategory::activations);
+        if (last) copy_from_host(x.dev, x.compute, a, am.data());
+        pipe.broadcast(a.data(), static_cast<size_t>(meta[2]), DType::f32, root, x.compute_point()).wait();
+        am.assign(static_cast<size_t>(meta[2]), 0);
+        copy_to_host(x.dev, x.compute, am.data(), a);
+        x.compute.synchronize();
+      }
+    }
+    if (argmax) *argmax = std::move(am);
+    double value = 0;
+    std::memcpy(&value, meta, sizeof value);
+    return value;
+  } catch (...) {
+    s.quiesce();
+    throw;
+  }
+}
+
+}  // namespace zero
