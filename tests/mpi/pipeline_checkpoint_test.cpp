@@ -24,6 +24,7 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -450,4 +451,18 @@ TEST_CASE("pipeline checkpoint: host_comm must be the whole grid", "[pipeline]")
   Pipe pipe(Kind::mlp, world(), world().size(), 0);
   CHECK_THROWS_WITH(pipe.e->save_checkpoint(dir.path, "x", pipe.grid->data()), ContainsSubstring("whole grid"));
   CHECK_THROWS_WITH(pipe.e->load_checkpoint(dir.path, "x", pipe.grid->data()), ContainsSubstring("whole grid"));
+}
+
+// For tests/cli/pipeline_export.sh (hidden: runs only when named): a GPT trained over the
+// world's ranks as stages, saved as zero-train names its checkpoints, with the model's shape in
+// the metadata as zero-train records it (export --hf-config reads n_head there).
+TEST_CASE("pipeline checkpoint: keep a GPT pipeline's checkpoint for the export test", "[.keep]") {
+  const char* keep = std::getenv("ZERO_PIPE_CKPT_KEEP");
+  if (keep == nullptr) SKIP("ZERO_PIPE_CKPT_KEEP names no directory");
+  Pipe pipe(Kind::gpt, world(), world().size(), 0);
+  pipe.train(0, kSteps);
+  const nlohmann::json user = {{"step", kSteps},
+                               {"model", {{"n_layer", kGpt.n_layer}, {"n_embd", kGpt.n_embd}, {"n_head", kGpt.n_head},
+                                          {"vocab_size", kGpt.vocab_size}, {"seq_len", kGpt.seq_len}}}};
+  pipe.e->save_checkpoint(keep, "step_00000003", world(), user.dump());
 }
