@@ -12,8 +12,9 @@
 //    0, 2, 3 (kLoadStages): every stage holds exactly the saved values (both wte copies), and
 //    saving again gives the same arrays bitwise;
 //  - re-slicing between depths (4 ranks): a 2-stage checkpoint loads into 4 stages and back;
-//  - a resumed pipeline run (MLP) continues bitwise like the uninterrupted one, at the same
-//    depth and at another;
+//  - a resumed pipeline run continues bitwise like the uninterrupted one: the MLP at the same
+//    depth and at another, the GPT at the same depth once the executor sums the tied gradient
+//    (kTiedGradientsSummed);
 //  - set_parameters takes the whole model's values on every stage.
 // Everything is compared bitwise (memcmp): a checkpoint moves fp32 values without arithmetic,
 // and the MLP pipeline trains bitwise like one rank (tests/mpi/pipeline_exec_test.cpp), so
@@ -52,6 +53,11 @@ using Catch::Matchers::ContainsSubstring;
 namespace {
 
 const std::vector<int> kTrainStages = {0};       // ZeRO stages the executor trains at
+// Whether the executor sums a tied parameter's gradient over the stages holding it (so every
+// copy of a GPT's wte takes the same step). Not yet on main: the last stage's copy drifts from
+// the saved (first stage's) one, so trained tied copies are not compared and a GPT resume is
+// not bitwise. Set true once it does: both checks then run.
+constexpr bool kTiedGradientsSummed = false;
 const std::vector<int> kLoadStages = {0, 2, 3};  // ZeRO stages an Engine loads and saves at
 constexpr int kM = 4;     // micro-batches per step
 constexpr int kRows = 3;  // samples per micro-batch
@@ -227,8 +233,7 @@ void check_same(const Whole& a, const Whole& b) {
 }
 
 // Every parameter of this stage equals the checkpoint's master (tied copies too unless
-// `skip_tied_copies`: on main the executor does not yet sum the tied gradient, so after
-// training the last stage's wte differs from the saved, owner's, one).
+// `skip_tied_copies`: see kTiedGradientsSummed).
 void check_stage_holds(Pipe& pipe, const Whole& w, bool skip_tied_copies) {
   const pipeline::StageModel& view = pipe.st.view;
   for (size_t i = 0; i < view.to_original.size(); ++i) {
@@ -305,7 +310,7 @@ TEST_CASE("pipeline checkpoint: the GPT's tied wte is saved once, every stage's 
       pipe.e->save_checkpoint(where, "pipe", *group);
       const Whole saved = read_whole(where, "pipe");
       CHECK(saved.params == checkpoint::param_table(Net(Kind::gpt).model));
-      check_stage_holds(pipe, saved, true);
+      check_stage_holds(pipe, saved, !kTiedGradientsSummed);
       // Only the first stage's file (rank 0: one data rank per stage) holds wte, parameter 0; the
       // last stage's copy is not saved.
       REQUIRE(saved.params[0].name == "wte.weight");
@@ -386,42 +391,47 @@ TEST_CASE("pipeline checkpoint: re-sliced from 2 stages to 4 and back", "[pipeli
     }
 }
 
-TEST_CASE("pipeline checkpoint: a resumed MLP pipeline continues bitwise, at the same and another depth", "[pipeline]") {
+TEST_CASE("pipeline checkpoint: a resumed pipeline continues bitwise, at the same and another depth", "[pipeline]") {
   constexpr int kSaveAt = 2, kEnd = 5;
-  for (const int zs : kTrainStages) {
-    INFO("ZeRO stage " << zs);
-    SharedDir dir;
-    const int P = world().size();
-    Pipe whole_run(Kind::mlp, world(), P, zs);
-    whole_run.train(0, kSaveAt);
-    whole_run.e->save_checkpoint(dir.path, "mid", world());
-    const std::vector<double> losses = whole_run.train(kSaveAt, kEnd);
-    whole_run.e->save_checkpoint(dir.path, "end", world());
-    const Whole end = read_whole(dir.path, "end");
+  for (const Kind kind : {Kind::mlp, Kind::gpt})
+    for (const int zs : kTrainStages) {
+      if (kind == Kind::gpt && !kTiedGradientsSummed) continue;  // see kTiedGradientsSummed
+      INFO(name(kind) << ", ZeRO stage " << zs);
+      SharedDir dir;
+      const int P = world().size();
+      Pipe whole_run(kind, world(), P, zs);
+      whole_run.train(0, kSaveAt);
+      whole_run.e->save_checkpoint(dir.path, "mid", world());
+      const std::vector<double> losses = whole_run.train(kSaveAt, kEnd);
+      whole_run.e->save_checkpoint(dir.path, "end", world());
+      const Whole end = read_whole(dir.path, "end");
 
-    Pipe resumed(Kind::mlp, world(), P, zs, 77);
-    resumed.e->load_checkpoint(dir.path, "mid", world());
-    const std::vector<double> again = resumed.train(kSaveAt, kEnd);
-    if (resumed.last()) CHECK(again == losses);
-    check_stage_holds(resumed, end, false);
-    resumed.e->save_checkpoint(dir.path, "end_resumed", world());
-    check_same(end, read_whole(dir.path, "end_resumed"));
+      Pipe resumed(kind, world(), P, zs, 77);
+      resumed.e->load_checkpoint(dir.path, "mid", world());
+      const std::vector<double> again = resumed.train(kSaveAt, kEnd);
+      if (resumed.last()) CHECK(again == losses);
+      check_stage_holds(resumed, end, false);
+      resumed.e->save_checkpoint(dir.path, "end_resumed", world());
+      check_same(end, read_whole(dir.path, "end_resumed"));
 
-    // Resumed at another depth: 2 stages per half when the world has 4 ranks, else 1 (plain).
-    auto half = group_of(2);
-    if (P == 4) {
-      Pipe two(Kind::mlp, *half, 2, zs, 77);
-      two.e->load_checkpoint(dir.path, "mid", *half);
-      const std::vector<double> two_losses = two.train(kSaveAt, kEnd);
-      if (two.last() && whole_run.last()) CHECK(two_losses == losses);  // the loss is the last stage's
-      check_stage_holds(two, end, false);
-    } else {
-      Plain one(Kind::mlp, 77);
-      one.e.load_checkpoint(dir.path, "mid", *one.alone);
-      one.train(kSaveAt, kEnd);
-      for (size_t q = 0; q < end.params.size(); ++q) CHECK(same_bits(one.e.parameter(static_cast<int>(q)), end.master(q)));
+      // At another depth only the MLP is exact: a GPT's tied gradient is summed over other
+      // stages in another order. 2 stages per half when the world has 4 ranks, else 1 (plain).
+      if (kind != Kind::mlp) continue;
+      auto half = group_of(2);
+      if (P == 4) {
+        Pipe two(kind, *half, 2, zs, 77);
+        two.e->load_checkpoint(dir.path, "mid", *half);
+        const std::vector<double> two_losses = two.train(kSaveAt, kEnd);
+        if (two.last() && whole_run.last()) CHECK(two_losses == losses);  // the loss is the last stage's
+        check_stage_holds(two, end, false);
+      } else {
+        Plain one(kind, 77);
+        one.e.load_checkpoint(dir.path, "mid", *one.alone);
+        one.train(kSaveAt, kEnd);
+        for (size_t q = 0; q < end.params.size(); ++q)
+          CHECK(same_bits(one.e.parameter(static_cast<int>(q)), end.master(q)));
+      }
     }
-  }
 }
 
 TEST_CASE("pipeline checkpoint: set_parameters takes the whole model's values on every stage", "[pipeline]") {
