@@ -209,7 +209,9 @@ class Engine {
   StepStats pipeline_step(const pipeline::Stage& list, const std::function<Batch(int micro)>& next);
 
   // The current fp32 value of parameter p (the master copy), gathered from the ranks that own
-  // it. Collective.
+  // it. Collective over the engine's communicator. In a pipeline p is an index into this
+  // stage's VIEW (the model the Engine was built over; the whole model's parameter
+  // place.to_original[p]).
   std::vector<float> parameter(int p);
 
   // Per-rank model-state bytes this engine holds between steps, by ledger category: the ZeRO
@@ -256,7 +258,18 @@ class Engine {
 
   // Checkpoints (runtime/checkpoint; docs/checkpoint-format.md). Collective over `host_comm`, a
   // cpu (MPI) communicator over the same ranks as the engine's (on the cpu backend the engine's
-  // own). Call between steps.
+  // own); for a pipeline stage, over the whole grid (every stage's every data-parallel rank, the
+  // world). Call between steps.
+  //
+  // Pipelines ("Pipeline checkpoints" in the format doc): a checkpoint is always the WHOLE
+  // model's, in the format a data-parallel run writes: each stage saves the pieces of its view's
+  // parameters under the whole model's indices and names (the table is assembled from every
+  // stage), a tied parameter (a GPT's wte) once, by the stage with place.owns_tied; the counters
+  // and rank 0's metadata once. The layout (stages, data-parallel size, cut) is recorded in the
+  // metadata (engine.pipeline) for information only. load_checkpoint reads it, or any
+  // data-parallel checkpoint, at any depth and data-parallel size: each stage takes its view's
+  // parameters (every holder of a tied one gets the same values); a plain Engine loads a
+  // pipeline checkpoint likewise.
   //
   // save_checkpoint writes dir/tag: per parameter element, the fp32 master (the working
   // parameters themselves when they are fp32 without offload), Adam's exp_avg and exp_avg_sq, as
@@ -284,7 +297,11 @@ class Engine {
 
   // Replaces every parameter's value (values[p]: parameter p, whole, row-major, as
   // checkpoint::import_safetensors returns them): the fp32 master and the working copy; Adam's
-  // moments start at zero again. Collective; between steps.
+  // moments start at zero again. Collective over the engine's communicator; between steps.
+  // In a pipeline, values is indexed by the WHOLE model's parameters (every stage is passed the
+  // same vector, e.g. import_safetensors of the whole model's table, as zero-train's
+  // --init-from does) and the stage takes values[place.to_original[i]] for its view's
+  // parameter i; the others are not read (they may be empty).
   void set_parameters(const std::vector<std::vector<float>>& values);
 
   // The mean loss of `batch` under the current parameters: forward only, nothing changes

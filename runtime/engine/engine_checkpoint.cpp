@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/engine/checkpoint_layout.hpp"
 #include "runtime/engine/engine_state.hpp"
 
 namespace zero {
@@ -60,14 +61,31 @@ void agree(coll::Communicator& comm, const std::string& what, const std::string&
               " failed (its error is reported there); nothing was changed here");
 }
 
+// The parameter table a checkpoint of this engine is saved under and read against: the model's
+// own, or in a pipeline the whole model's, assembled from every stage (collective over host_comm
+// then). `info` gets the pipeline's layout for the manifest.
+std::vector<checkpoint::ParamInfo> checkpoint_table(const Model& model, const engine::Context& x,
+                                                    coll::Communicator& host_comm, const std::string& what,
+                                                    nlohmann::json* info) {
+  if (!x.place.active()) {
+    ZERO_REQUIRE(host_comm.kind() == DeviceKind::cpu && host_comm.size() == x.world,
+                 what + ": host_comm must be a cpu communicator over the engine's " +
+                     std::to_string(x.world) + " ranks");
+    return checkpoint::param_table(model);
+  }
+  engine::CheckpointLayout l = engine::pipeline_layout(model, x.place, x.rank, x.world, host_comm, what);
+  if (info) *info = std::move(l.info);
+  return std::move(l.table);
+}
+
 }  // namespace
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag,
                              coll::Communicator& host_comm, const std::string& user_metadata) {
   State& s = *s_;
-  ZERO_REQUIRE(host_comm.kind() == DeviceKind::cpu && host_comm.size() == s.x.world,
-               "save_checkpoint: host_comm must be a cpu communicator over the engine's " +
-                   std::to_string(s.x.world) + " ranks");
+  nlohmann::json layout;
+  const std::vector<checkpoint::ParamInfo> table =
+      checkpoint_table(s.x.model, s.x, host_comm, "save_checkpoint " + dir + "/" + tag, &layout);
   s.settle();
 
   const EnginePieces ep = s.checkpoint_pieces(true);
@@ -97,7 +115,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag,
     size_t p = 0;
     while (p + 1 < pieces.size() && start + pieces[p].count <= bad) start += pieces[p++].count;
     nonfinite = "save_checkpoint " + dir + "/" + tag + ": the model state is not finite (" +
-                kArrays[a] + " of parameter " + s.x.model.params[static_cast<size_t>(pieces[p].param)].name +
+                kArrays[a] + " of parameter " + table[static_cast<size_t>(pieces[p].param)].name +
                 ", element " + std::to_string(pieces[p].offset + (bad - start)) +
                 ", is " + std::to_string(data[static_cast<size_t>(a)][static_cast<size_t>(bad)]) +
                 "): not saved, so the checkpoints already in " + dir + " stay as they are";
@@ -110,6 +128,9 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag,
                            {"world_size", s.x.world},
                            {"param_type", to_string(s.x.dtype)},
                            {"loss_scaler", nullptr}};
+  // The layout is recorded for information (what saved it); loading never depends on it: the
+  // pieces are the whole model's, in any slicing.
+  if (s.x.place.active()) engine["pipeline"] = std::move(layout);
   if (s.opt->scaler) {
     const optim::LossScalerState ls = s.opt->scaler->state();
     engine["loss_scaler"] = {{"scale", ls.scale},
@@ -128,7 +149,6 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag,
   agree(host_comm, "save_checkpoint", user_error);
   const std::string text = meta.dump();
 
-  const std::vector<checkpoint::ParamInfo> table = checkpoint::param_table(s.x.model);
   const std::vector<checkpoint::ConstArray> arrays = {{kArrays[0], data[0].data()},
                                                       {kArrays[1], data[1].data()},
                                                       {kArrays[2], data[2].data()}};
@@ -154,18 +174,30 @@ uint64_t Engine::checkpoint_bytes() const {
   req.pieces = ep.pieces;
   req.arrays = arrays;
   req.metadata = metadata;
-  return checkpoint::save_bytes(req, s.x.rank);
+  const PipelinePlace& pl = s.x.place;
+  if (!pl.active()) return checkpoint::save_bytes(req, s.x.rank);
+  // A pipeline: the manifest (written by the world's rank 0, stage 0's data rank 0) lists the
+  // whole model's table, which no stage holds; each stage's data rank 0 adds its view's part
+  // of it (a tied parameter counted on each holding stage: a bound).
+  const bool world_root = pl.stage == 0 && s.x.rank == 0;
+  uint64_t bytes = checkpoint::save_bytes(req, world_root ? 0 : 1);
+  if (!world_root && s.x.rank == 0) {
+    checkpoint::SaveRequest names = req, none = req;
+    names.pieces = {};
+    none.pieces = {};
+    none.params = {};
+    bytes += checkpoint::save_bytes(names, 0) - checkpoint::save_bytes(none, 0);
+  }
+  return bytes;
 }
 
 std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag,
                                     coll::Communicator& host_comm) {
   State& s = *s_;
-  ZERO_REQUIRE(host_comm.kind() == DeviceKind::cpu && host_comm.size() == s.x.world,
-               "load_checkpoint: host_comm must be a cpu communicator over the engine's " +
-                   std::to_string(s.x.world) + " ranks");
+  const std::vector<checkpoint::ParamInfo> table =
+      checkpoint_table(s.x.model, s.x, host_comm, "load_checkpoint " + dir + "/" + tag, nullptr);
   const EnginePieces ep = s.checkpoint_pieces(false);
   std::vector<std::vector<float>> data(3, std::vector<float>(static_cast<size_t>(ep.total)));
-  const std::vector<checkpoint::ParamInfo> table = checkpoint::param_table(s.x.model);
   const std::vector<checkpoint::Array> arrays = {{kArrays[0], data[0].data()},
                                                  {kArrays[1], data[1].data()},
                                                  {kArrays[2], data[2].data()}};
@@ -249,19 +281,36 @@ void Engine::State::install(const EnginePieces& ep, const float* master_vals, co
 
 void Engine::set_parameters(const std::vector<std::vector<float>>& values) {
   State& s = *s_;
-  ZERO_REQUIRE(values.size() == s.x.model.params.size(),
-               "set_parameters: " + std::to_string(values.size()) + " arrays for a model of " +
-                   std::to_string(s.x.model.params.size()) + " parameters");
-  for (size_t p = 0; p < values.size(); ++p)
-    ZERO_REQUIRE(static_cast<int64_t>(values[p].size()) == s.x.part.location(static_cast<int>(p)).numel,
+  // values is indexed by the whole model's parameters; in a pipeline this stage takes those of
+  // its view (to_original), so every stage is handed the same vector (import_safetensors of the
+  // whole model's table, as zero-train's --init-from does).
+  const std::vector<int>& orig = s.x.place.to_original;
+  const size_t model_params = s.x.model.params.size();
+  if (!s.x.place.active()) {
+    ZERO_REQUIRE(values.size() == model_params,
+                 "set_parameters: " + std::to_string(values.size()) + " arrays for a model of " +
+                     std::to_string(model_params) + " parameters");
+  } else {
+    const size_t need = orig.empty() ? 0 : static_cast<size_t>(*std::max_element(orig.begin(), orig.end())) + 1;
+    ZERO_REQUIRE(values.size() >= need,
+                 "set_parameters: " + std::to_string(values.size()) + " arrays, but pipeline stage " +
+                     std::to_string(s.x.place.stage) + " holds the whole model's parameter " +
+                     std::to_string(need - 1) + "\nHINT: pass every parameter of the whole model, "
+                     "indexed as in the whole model's table, to every stage");
+  }
+  for (size_t p = 0; p < model_params; ++p) {
+    const size_t at = s.x.place.active() ? static_cast<size_t>(orig[p]) : p;
+    const int64_t numel = s.x.part.location(static_cast<int>(p)).numel;
+    ZERO_REQUIRE(static_cast<int64_t>(values[at].size()) == numel,
                  "set_parameters: parameter " + s.x.model.params[p].name + " has " +
-                     std::to_string(s.x.part.location(static_cast<int>(p)).numel) + " elements, got " +
-                     std::to_string(values[p].size()));
-  const EnginePieces ep = s.checkpoint_pieces(false);
+                     std::to_string(numel) + " elements, got " + std::to_string(values[at].size()));
+  }
+  const EnginePieces ep = s.checkpoint_pieces(false);  // pieces under whole-model indices
   std::vector<float> master(static_cast<size_t>(ep.total));
   int64_t k = 0;
-  for (const auto& [g, pc] : ep.where) {
-    std::memcpy(master.data() + k, values[static_cast<size_t>(pc.param)].data() + pc.param_offset,
+  for (size_t i = 0; i < ep.pieces.size(); ++i) {
+    const checkpoint::Piece& pc = ep.pieces[i];
+    std::memcpy(master.data() + k, values[static_cast<size_t>(pc.param)].data() + pc.offset,
                 static_cast<size_t>(pc.count) * 4);
     k += pc.count;
   }
@@ -272,10 +321,18 @@ void Engine::set_parameters(const std::vector<std::vector<float>>& values) {
 EnginePieces Engine::State::checkpoint_pieces(bool saving) const {
   EnginePieces ep;
   if (saving && x.o.stage == 0 && x.rank != 0) return ep;
+  const PipelinePlace& pl = x.place;
   for (int g = 0; g < x.part.group_count(); ++g)
     for (const Partition::Piece& pc : x.owned_pieces(g)) {
       if (pc.count <= 0) continue;
-      ep.pieces.push_back({pc.param, pc.param_offset, pc.count});
+      int param = pc.param;
+      if (pl.active()) {
+        // A tied parameter is saved once, by the lowest stage holding it; every holder loads it.
+        if (saving && !pl.owns_tied && std::find(pl.tied.begin(), pl.tied.end(), param) != pl.tied.end())
+          continue;
+        param = pl.to_original[static_cast<size_t>(param)];  // the whole model's index
+      }
+      ep.pieces.push_back({param, pc.param_offset, pc.count});
       ep.where.emplace_back(g, pc);
       ep.total += pc.count;
     }

@@ -30,7 +30,9 @@ namespace zero {
 
 // This rank's pieces in the checkpoint's terms, with where each lives: group g, offset within
 // the group's owned range. Stage 0 saves from rank 0 only (every rank holds everything); every
-// rank loads everything.
+// rank loads everything. In a pipeline the pieces' param is the whole model's index
+// (place.to_original; `where` keeps the view's), and a tied parameter is saved by its owning
+// stage only.
 struct EnginePieces {
   std::vector<checkpoint::Piece> pieces;
   std::vector<std::pair<int, Partition::Piece>> where;

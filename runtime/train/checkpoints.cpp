@@ -92,13 +92,8 @@ int init_from(Run& run) {
         values = checkpoint::import_safetensors(flags.init_from, checkpoint::param_table(model));
       }))
     return kExitUsage;
-  // With pipeline stages the engine holds its stage's parameters only: the view's parameter i is
-  // the whole model's to_original[i].
-  if (run.pipe) {
-    std::vector<std::vector<float>> mine;
-    for (int i : run.pipe->stage->view.to_original) mine.push_back(std::move(values[static_cast<size_t>(i)]));
-    values = std::move(mine);
-  }
+  // With pipeline stages too: set_parameters takes the whole model's values on every stage and
+  // keeps the ones its stage holds (engine.hpp).
   if (!on_all_ranks(world, "--init-from " + flags.init_from, [&] { engine->set_parameters(values); }))
     return kExitFailure;
   values = {};
