@@ -246,6 +246,7 @@ int main(int argc, char** argv) {
       std::vector<double> bubble[2];  // per stage, per timed step
       std::vector<double> step;       // slowest rank's wall time per timed step
       std::vector<double> textbook;   // 1 - mean busy / the longest stage step, per timed step
+      std::vector<double> busy[2];    // per stage: step - p2p_wait, per timed step
     };
     std::vector<Row> rows;
     std::map<int, std::vector<double>> dp_step;
@@ -262,7 +263,7 @@ int main(int argc, char** argv) {
       for (const pipeline::NamedSchedule& sch : names) {
         engines.push_back(std::make_unique<Engine>(st.view.model, *dev, *stream, *alone, o, st.place));
         lists.push_back(sch.fn(P, m, rank));
-        rows.push_back(Row{sch.name, m, {}, {}, {}});
+        rows.push_back(Row{sch.name, m, {}, {}, {}, {}});
       }
       // Data parallelism on the same two ranks: the whole model on each, m/2 micro-batches each
       // of the same size (the same global batch of m micro-batches).
@@ -285,6 +286,7 @@ int main(int argc, char** argv) {
           double busy = 0, longest = 0;
           for (int s = 0; s < P; ++s) {
             row.bubble[s].push_back(b[3 * s]);
+            row.busy[s].push_back(b[3 * s + 1] - b[3 * s + 2]);
             busy += b[3 * s + 1] - b[3 * s + 2];
             longest = std::max(longest, b[3 * s + 1]);
           }
@@ -333,6 +335,10 @@ int main(int argc, char** argv) {
                   {"stage0_bubble_median", stats_of(row.bubble[0]).median},
                   {"stage1_bubble_median", stats_of(row.bubble[1]).median},
                   {"measured_textbook_bubble_median", stats_of(row.textbook).median},
+                  // In-run imbalance: each stage's compute per micro-batch (its step less its
+                  // waits, the optimizer step included, over m), against the passes alone.
+                  {"stage0_busy_per_micro_s", stats_of(row.busy[0]).median / row.m},
+                  {"stage1_busy_per_micro_s", stats_of(row.busy[1]).median / row.m},
                   {"unit_cost_formula_textbook", unit_formula},
                   {"simulated_textbook_bubble", sim.bubble_fraction},
                   {"simulated_no_comm", own_finish_bubble(sim0)},
