@@ -183,9 +183,9 @@ int main(int argc, char** argv) {
     // cost set describes both, and a faster stage's wait for a slower one (imbalance, not
     // bubble) stays small. A micro-batch's F takes ~10 ms (quick) or more on one core.
     const models::GptShape shape = opt.quick ? models::GptShape{8, 128, 4, 128, 64}
-                                             : models::GptShape{8, 256, 8, 256, 128};
+                                             : models::GptShape{8, 256, 8, 256, 64};
     const int B = 4, T = shape.seq_len;
-    const int reps = opt.quick ? 5 : 9, warmup = opt.quick ? 1 : 2;
+    const int reps = opt.quick ? 5 : 7, warmup = opt.quick ? 1 : 2;
     const std::vector<int> ms = {4, 8, 16};
 
     auto stream = dev->create_stream("compute");
