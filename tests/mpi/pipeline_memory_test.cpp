@@ -11,8 +11,9 @@
 //          against the formulas, so a schedule that starts holding more fails here too.
 // A1(s)    the stage's activation peak in a step of one micro-batch (same micro-batch size;
 //          the largest of six runs, see one_micro_batch_bytes): what one micro-batch costs
-//          the stage, its held tensors plus the transients of its backward. Using the whole peak per held micro-batch over-counts the
-//          transients (one backward runs at a time), which only loosens the bound; a W-pending
+//          the stage, its held tensors plus the transients of its backward. Using the whole
+//          peak per held micro-batch over-counts the transients (one backward runs at a
+//          time), which only loosens the bound; a W-pending
 //          micro-batch holds a subset of its activations' size (the deferred matmuls' inputs and
 //          output gradients), so A1 covers it too.
 // sent(s)  the stated slack: the executor keeps every tensor it sent (the boundary activation
