@@ -11,14 +11,16 @@
 // Every posted buffer is held (in the micro-batch or in `sending`) until its Work completes.
 //
 // Pairs. A send followed in the list by the receive from the same neighbour (only `load`s
-// between: send_activation then recv_gradient, send_gradient then recv_activation) is posted
-// with it as ONE batch_send_recv. On NCCL a lone send may block the communicator's stream until
-// the peer's matching receive runs, and in 1F1B's and ZB-H1's steady state stage s sends
-// activation j and then receives gradient k while stage s+1 sends gradient k and then receives
-// activation j: posted one at a time on one stream each, both stages would wait on their sends
-// forever once the messages exceed NCCL's buffers. Batched, each pair progresses together
-// (Megatron's send_forward_recv_backward). MPI needs none of it (any order is safe there); the
-// pairs change only when a receive is posted, never what arrives.
+// between: send_activation then recv_gradient, send_gradient then recv_activation;
+// pipeline::paired_receive) is posted with it as ONE batch_send_recv. On NCCL a lone send may
+// block the communicator's stream until the peer's matching receive runs, and in 1F1B's and
+// ZB-H1's steady state stage s sends activation j and then receives gradient k while stage s+1
+// sends gradient k and then receives activation j: posted one at a time on one stream each, both
+// stages would wait on their sends forever once the messages exceed NCCL's buffers. Batched,
+// each pair progresses together (Megatron's send_forward_recv_backward); with the pairs every
+// schedule completes on a transport that buffers nothing (pipeline::check_unbuffered, tested).
+// MPI needs none of it (any order is safe there); the pairs change only when a receive is
+// posted, never what arrives.
 //
 // Activations carry a header of kHeader int32 words (scalar type, rank, dims): the receiver needs
 // no knowledge of the previous stage's Units. At the first step (per micro-batch index) the
@@ -33,6 +35,7 @@
 
 #include "core/phase.hpp"
 #include "runtime/engine/engine_state.hpp"
+#include "runtime/pipeline/p2p_batches.hpp"
 
 namespace zero {
 namespace {
@@ -195,13 +198,11 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
   // The send at `pos` takes along the receive that follows it from the same neighbour (only
   // `load`s between), which is then posted here instead of at its own place (see "Pairs").
   auto add_paired_recv = [&](size_t pos, Posting& p) {
-    const Op pair = list[pos].op == Op::send_activation ? Op::recv_gradient : Op::recv_activation;
-    size_t k = pos + 1;
-    while (k < list.size() && list[k].op == Op::load) ++k;
-    if (k == list.size() || list[k].op != pair) return;
-    if (pair == Op::recv_gradient) add_recv_gradient(list[k], p);
-    else add_recv_activation(list[k].micro, p);
-    posted_early[k] = true;
+    const std::optional<size_t> k = pipeline::paired_receive(list, pos);
+    if (!k) return;
+    if (list[*k].op == Op::recv_gradient) add_recv_gradient(list[*k], p);
+    else add_recv_activation(list[*k].micro, p);
+    posted_early[*k] = true;
   };
   const double t_step = engine::now_seconds();
   try {
