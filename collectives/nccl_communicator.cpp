@@ -231,6 +231,11 @@ class NcclCommunicator final : public Communicator {
       accumulator_ = device.allocate(segment_bytes_ / 2 * sizeof(float), MemCategory::comm_buffers);
     }
     barrier_ = device.allocate(sizeof(float), MemCategory::comm_buffers);
+    // With an allocation stream set (device.hpp), these buffers come from cudaMallocAsync on that
+    // stream, and this communicator's streams may use them only once it has reached the
+    // allocations. zero-train builds its grid's communicators after setting one. A set-up call:
+    // wait for the device.
+    ZERO_CHECK_CUDA(cudaDeviceSynchronize());
     // Zero, and stays zero: the barrier sums zeros.
     ZERO_CHECK_CUDA(cudaMemsetAsync(barrier_.data(), 0, sizeof(float), comm_stream()));
 

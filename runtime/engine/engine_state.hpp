@@ -13,6 +13,7 @@
 //   evaluate.cpp         forward-only evaluation
 #pragma once
 
+#include <map>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -39,6 +40,15 @@ struct EnginePieces {
   int64_t total = 0;
 };
 
+namespace engine {
+// A pipeline boundary activation's type and shape (pipeline_step.cpp).
+struct PipeBoundary {
+  ScalarType type = ScalarType::f32;
+  Shape shape;
+  friend bool operator==(const PipeBoundary&, const PipeBoundary&) = default;
+};
+}  // namespace engine
+
 struct Engine::State {
   State(Model& m, Device& d, Stream& c, coll::Communicator& k, EngineOptions opt, PipelinePlace pl)
       : x(m, d, c, k, std::move(opt), std::move(pl)), params(x), grads(x) {}
@@ -53,6 +63,11 @@ struct Engine::State {
   std::unique_ptr<engine::ScheduleRunner> runner;
   std::vector<engine::UnitPass> schedule;  // the passes of every step
   bool spec = false;  // the speculative host step is on (its second bank was allocated)
+  // pipeline_step.cpp: each micro-batch's boundary activation as this stage first sent it to the
+  // next stage and first received it from the previous one. Later steps post the activation's
+  // receive with it where recv_activation sits (no header round trip), and both sides check that
+  // it has not changed.
+  std::map<int, engine::PipeBoundary> pipe_sent, pipe_received;
 
   // setup.cpp: after the option checks, the pieces' state, allocated and initialised.
   void set_up();

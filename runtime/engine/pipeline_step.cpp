@@ -5,18 +5,37 @@
 // list's order instead of the data-parallel schedule's.
 //
 // Transfers. A receive is posted where its instruction sits and waited for at the pass that
-// reads it; a send is posted right after the pass that produced its tensor, after the compute
-// stream's point (the tensor must be written before it is read), and waited for only at the end
-// of the list. Every posted buffer is held (in the micro-batch or in `sending`) until its Work
-// completes. An activation goes as two messages, a header of kHeader int32 words (scalar type,
-// rank, dims) and the data: the receiver needs no knowledge of the previous stage's Units. Both
-// go from the same sender to the same receiver, so they match the receiver's two receives in
-// order (communicator.hpp). A gradient needs no header: it has the shape and type of the
-// activation this stage sent for that micro-batch.
+// reads it; a send is posted right after the pass that produced its tensor, and waited for only
+// at the end of the list. Every transfer starts after the compute stream's point (a send's
+// tensor must be written, a receive's buffer is stream-ordered memory of the compute stream).
+// Every posted buffer is held (in the micro-batch or in `sending`) until its Work completes.
+//
+// Pairs. A send followed in the list by the receive from the same neighbour (only `load`s
+// between: send_activation then recv_gradient, send_gradient then recv_activation;
+// pipeline::paired_receive) is posted with it as ONE batch_send_recv. On NCCL a lone send may
+// block the communicator's stream until the peer's matching receive runs, and in 1F1B's and
+// ZB-H1's steady state stage s sends activation j and then receives gradient k while stage s+1
+// sends gradient k and then receives activation j: posted one at a time on one stream each, both
+// stages would wait on their sends forever once the messages exceed NCCL's buffers. Batched,
+// each pair progresses together (Megatron's send_forward_recv_backward); with the pairs every
+// schedule completes on a transport that buffers nothing (pipeline::check_unbuffered, tested).
+// MPI needs none of it (any order is safe there); the pairs change only when a receive is
+// posted, never what arrives.
+//
+// Activations carry a header of kHeader int32 words (scalar type, rank, dims): the receiver needs
+// no knowledge of the previous stage's Units. At the first step (per micro-batch index) the
+// receiver posts only the header at recv_activation and, at F, reads it and posts the data: one
+// host round trip. Both sides keep the (type, shape) they exchanged (State::pipe_sent,
+// pipe_received), so later steps post header and data together at recv_activation and F only
+// waits; the header is then checked against the kept shape, and the sender refuses to send a
+// shape other than the first step's (the receiver has already posted that one). Header and data
+// go from the same sender to the same receiver, so they match in order (communicator.hpp). A
+// gradient needs no header: it has the shape and type of the activation this stage sent.
 #include <map>
 
 #include "core/phase.hpp"
 #include "runtime/engine/engine_state.hpp"
+#include "runtime/pipeline/p2p_batches.hpp"
 
 namespace zero {
 namespace {
@@ -33,8 +52,9 @@ DType wire_type(ScalarType t, const char* what) {
 struct StageMicro {
   engine::MicroState state;      // batch, Unit contexts, carry, loss (ScheduleRunner's)
   Tensor header;                 // received activation header
-  coll::Work header_work;
-  bool header_posted = false;
+  Tensor input;                  // received activation (posted with the header once its shape is known)
+  coll::Work header_work, input_work;
+  bool header_posted = false, input_posted = false;
   Tensor grad_in_buf;            // received gradient (the seed of this stage's backward)
   coll::Work grad_work;
   bool grad_posted = false;
@@ -47,6 +67,22 @@ struct Sending {
   Tensor a, b;
   std::vector<coll::Work> work;
 };
+
+// One batch_send_recv in the making: its ops and where each op's Work goes.
+struct Posting {
+  std::vector<coll::P2POp> ops;
+  std::vector<coll::Work*> works;
+  void add(const coll::P2POp& op, coll::Work* w) {
+    ops.push_back(op);
+    works.push_back(w);
+  }
+};
+
+using Boundary = engine::PipeBoundary;
+
+std::string describe(const Boundary& b) {
+  return std::string(to_string(b.type)) + " " + b.shape.str();
+}
 
 }  // namespace
 
@@ -107,6 +143,7 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
 
   std::map<int, StageMicro> live;  // node-based: a micro-batch's Batch address stays put
   std::vector<Sending> sending;
+  std::vector<bool> posted_early(list.size(), false);  // a receive posted with the send before it
   double total = 0;
   bool reduced = false;
   auto micro = [&](int mb) -> StageMicro& {
@@ -125,6 +162,48 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
     w.wait();
     x.timers.p2p_wait += engine::now_seconds() - t0;
   };
+  // Posts `p` as one batch after the compute stream's point.
+  auto post = [&](Posting& p) {
+    if (p.ops.empty()) return;
+    std::vector<coll::Work> w = pipe.batch_send_recv(p.ops, x.compute_point());
+    for (size_t i = 0; i < w.size(); ++i) *p.works[i] = std::move(w[i]);
+  };
+  // The receive of micro-batch mb's activation: the header, and the data when an earlier step
+  // told its shape.
+  auto add_recv_activation = [&](int mb, Posting& p) {
+    StageMicro& m = micro(mb);
+    m.header = Tensor::empty(x.dev, Shape{kHeader}, ScalarType::i32, MemCategory::activations);
+    p.add(coll::P2POp::recv(m.header.data(), kHeader, DType::f32, prev_rank), &m.header_work);
+    m.header_posted = true;
+    if (auto it = s.pipe_received.find(mb); it != s.pipe_received.end()) {
+      m.input = Tensor::empty(x.dev, it->second.shape, it->second.type, MemCategory::activations);
+      p.add(coll::P2POp::recv(m.input.data(), static_cast<size_t>(m.input.numel()),
+                              wire_type(m.input.type(), "activation"), prev_rank),
+            &m.input_work);
+      m.input_posted = true;
+    }
+  };
+  auto add_recv_gradient = [&](const pipeline::Instruction& in, Posting& p) {
+    StageMicro& m = micro(in.micro);
+    ZERO_REQUIRE(m.sent_output, where + ": " + pipeline::to_string(in) +
+                                    " before this stage sent the activation of micro-batch " +
+                                    std::to_string(in.micro));
+    m.grad_in_buf = Tensor::empty(x.dev, m.sent_output.shape(), m.sent_output.type(),
+                                  MemCategory::activations);
+    p.add(coll::P2POp::recv(m.grad_in_buf.data(), static_cast<size_t>(m.grad_in_buf.numel()),
+                            wire_type(m.grad_in_buf.type(), "gradient"), next_rank),
+          &m.grad_work);
+    m.grad_posted = true;
+  };
+  // The send at `pos` takes along the receive that follows it from the same neighbour (only
+  // `load`s between), which is then posted here instead of at its own place (see "Pairs").
+  auto add_paired_recv = [&](size_t pos, Posting& p) {
+    const std::optional<size_t> k = pipeline::paired_receive(list, pos);
+    if (!k) return;
+    if (list[*k].op == Op::recv_gradient) add_recv_gradient(list[*k], p);
+    else add_recv_activation(list[*k].micro, p);
+    posted_early[*k] = true;
+  };
   const double t_step = engine::now_seconds();
   try {
     x.timers.reset_step();
@@ -136,6 +215,7 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
       for (size_t q = first_pass[i]; q < end; ++q) s.runner->pass(m.state, q, seed);
     };
     for (size_t pos = 0; pos < list.size(); ++pos) {
+      if (posted_early[pos]) continue;  // a receive posted with the send before it
       const pipeline::Instruction& in = list[pos];
       switch (in.op) {
         case Op::load: {
@@ -144,22 +224,15 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
           break;
         }
         case Op::recv_activation: {
-          StageMicro& m = micro(in.micro);
-          m.header = Tensor::empty(x.dev, Shape{kHeader}, ScalarType::i32, MemCategory::activations);
-          m.header_work = pipe.recv(m.header.data(), kHeader, DType::f32, prev_rank);
-          m.header_posted = true;
+          Posting p;
+          add_recv_activation(in.micro, p);
+          post(p);
           break;
         }
         case Op::recv_gradient: {
-          StageMicro& m = micro(in.micro);
-          ZERO_REQUIRE(m.sent_output, where + ": " + pipeline::to_string(in) +
-                                          " before this stage sent the activation of micro-batch " +
-                                          std::to_string(in.micro));
-          m.grad_in_buf = Tensor::empty(x.dev, m.sent_output.shape(), m.sent_output.type(),
-                                        MemCategory::activations);
-          m.grad_work = pipe.recv(m.grad_in_buf.data(), static_cast<size_t>(m.grad_in_buf.numel()),
-                                  wire_type(m.grad_in_buf.type(), "gradient"), next_rank);
-          m.grad_posted = true;
+          Posting p;
+          add_recv_gradient(in, p);
+          post(p);
           break;
         }
         case Op::forward: {
@@ -175,16 +248,34 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
                              h[1] <= Shape::kMaxRank,
                          where + ": a malformed activation header from pipeline stage " +
                              std::to_string(prev_rank));
-            Shape shape = h[1] == 1   ? Shape{h[2]}
-                          : h[1] == 2 ? Shape{h[2], h[3]}
-                          : h[1] == 3 ? Shape{h[2], h[3], h[4]}
-                                      : Shape{h[2], h[3], h[4], h[5]};
-            Tensor input = Tensor::empty(x.dev, shape, static_cast<ScalarType>(h[0]), MemCategory::activations);
-            coll::Work w = pipe.recv(input.data(), static_cast<size_t>(input.numel()),
-                                     wire_type(input.type(), "activation"), prev_rank);
-            wait_p2p(w);
+            const Boundary got{static_cast<ScalarType>(h[0]),
+                               h[1] == 1   ? Shape{h[2]}
+                               : h[1] == 2 ? Shape{h[2], h[3]}
+                               : h[1] == 3 ? Shape{h[2], h[3], h[4]}
+                                           : Shape{h[2], h[3], h[4], h[5]}};
+            if (m.input_posted) {
+              // The sender checks this too before sending; a mismatch here means the two stages'
+              // kept shapes parted (e.g. one of them was rebuilt between steps).
+              const Boundary& kept = s.pipe_received.at(in.micro);
+              ZERO_REQUIRE(got == kept, where + ": the activation of micro-batch " +
+                                            std::to_string(in.micro) + " from pipeline stage " +
+                                            std::to_string(prev_rank) + " is " + describe(got) +
+                                            " but this stage posted its receive as " + describe(kept) +
+                                            ", the first step's\nHINT: every micro-batch must keep "
+                                            "its shape from step to step (fixed micro-batch size and "
+                                            "sequence length)");
+            } else {
+              m.input = Tensor::empty(x.dev, got.shape, got.type, MemCategory::activations);
+              Posting p;
+              p.add(coll::P2POp::recv(m.input.data(), static_cast<size_t>(m.input.numel()),
+                                      wire_type(m.input.type(), "activation"), prev_rank),
+                    &m.input_work);
+              post(p);
+              s.pipe_received[in.micro] = got;
+            }
+            wait_p2p(m.input_work);
             m.header = Tensor();
-            m.state.carry = std::move(input);
+            m.state.carry = std::move(m.input);
           }
           run_passes(m, pos);
           if (last) total += m.state.loss;
@@ -195,20 +286,32 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
         case Op::send_activation: {
           StageMicro& m = micro(in.micro);
           ZERO_REQUIRE(m.sent_output, where + ": " + pipeline::to_string(in) + " before its F");
+          const Boundary out{m.sent_output.type(), m.sent_output.shape()};
+          const auto [kept, fresh] = s.pipe_sent.emplace(in.micro, out);
+          ZERO_REQUIRE(fresh || kept->second == out,
+                       where + ": the activation of micro-batch " + std::to_string(in.micro) +
+                           " is " + describe(out) + " but was " + describe(kept->second) +
+                           " at the first step, and pipeline stage " + std::to_string(next_rank) +
+                           " posts its receive with the first step's shape\nHINT: every "
+                           "micro-batch must keep its shape from step to step (fixed micro-batch "
+                           "size and sequence length)");
           Sending sd;
           sd.host.assign(kHeader, 0);
-          const Shape& sh = m.sent_output.shape();
-          sd.host[0] = static_cast<int32_t>(m.sent_output.type());
+          const Shape& sh = out.shape;
+          sd.host[0] = static_cast<int32_t>(out.type);
           sd.host[1] = sh.rank();
           for (int d = 0; d < sh.rank(); ++d) sd.host[static_cast<size_t>(2 + d)] = static_cast<int32_t>(sh[d]);
           sd.a = Tensor::empty(x.dev, Shape{kHeader}, ScalarType::i32, MemCategory::activations);
           copy_from_host(x.dev, x.compute, sd.a, sd.host.data());
           sd.b = m.sent_output;
-          const coll::P2POp ops[2] = {
-              coll::P2POp::send(sd.a.data(), kHeader, DType::f32, next_rank),
-              coll::P2POp::send(sd.b.data(), static_cast<size_t>(sd.b.numel()),
-                                wire_type(sd.b.type(), "activation"), next_rank)};
-          sd.work = pipe.batch_send_recv(ops, x.compute_point());
+          sd.work.resize(2);
+          Posting p;
+          p.add(coll::P2POp::send(sd.a.data(), kHeader, DType::f32, next_rank), &sd.work[0]);
+          p.add(coll::P2POp::send(sd.b.data(), static_cast<size_t>(sd.b.numel()),
+                                  wire_type(sd.b.type(), "activation"), next_rank),
+                &sd.work[1]);
+          add_paired_recv(pos, p);
+          post(p);
           sending.push_back(std::move(sd));
           break;
         }
@@ -237,9 +340,13 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
           ZERO_REQUIRE(m.to_send, where + ": " + pipeline::to_string(in) + " before its B");
           Sending sd;
           sd.b = std::move(m.to_send);
-          const coll::P2POp op = coll::P2POp::send(sd.b.data(), static_cast<size_t>(sd.b.numel()),
-                                                   wire_type(sd.b.type(), "gradient"), prev_rank);
-          sd.work = pipe.batch_send_recv(std::span<const coll::P2POp>(&op, 1), x.compute_point());
+          sd.work.resize(1);
+          Posting p;
+          p.add(coll::P2POp::send(sd.b.data(), static_cast<size_t>(sd.b.numel()),
+                                  wire_type(sd.b.type(), "gradient"), prev_rank),
+                &sd.work[0]);
+          add_paired_recv(pos, p);
+          post(p);
           sending.push_back(std::move(sd));
           break;
         }

@@ -40,14 +40,14 @@ constexpr int kM = 4;       // micro-batches per step
 constexpr int kRows = 6;    // samples per micro-batch
 const models::MlpShape kMlp{10, 12, 3, 5};  // fc.0, fc.1, fc.2, head: 4 Units
 
-Batch make_batch(Device& dev, int64_t index) {
+Batch make_batch(Device& dev, int64_t index, int rows = kRows) {
   static const models::MlpTeacherTask task(kMlp, 3);
   std::vector<float> feat;
   std::vector<int32_t> labels;
-  task.batch(index * kRows, kRows, feat, labels);
+  task.batch(index * kRows, rows, feat, labels);
   Batch b;
-  b.inputs = Tensor::empty(dev, Shape{kRows, kMlp.in_features}, ScalarType::f32, MemCategory::activations);
-  b.targets = Tensor::empty(dev, Shape{kRows}, ScalarType::i32, MemCategory::activations);
+  b.inputs = Tensor::empty(dev, Shape{rows, kMlp.in_features}, ScalarType::f32, MemCategory::activations);
+  b.targets = Tensor::empty(dev, Shape{rows}, ScalarType::i32, MemCategory::activations);
   std::memcpy(b.inputs.data(), feat.data(), feat.size() * 4);
   std::memcpy(b.targets.data(), labels.data(), labels.size() * 4);
   return b;
@@ -106,3 +106,37 @@ void check_schedule(const char* name) {
 TEST_CASE("pipeline executor: gpipe trains bitwise like one rank", "[pipeline]") { check_schedule("gpipe"); }
 TEST_CASE("pipeline executor: 1f1b trains bitwise like one rank", "[pipeline]") { check_schedule("1f1b"); }
 TEST_CASE("pipeline executor: zb-h1 trains bitwise like one rank", "[pipeline]") { check_schedule("zb-h1"); }
+
+// From the second step the next stage posts each activation's receive with the first step's
+// shape before the data arrives (docs/pipeline.md, "Transfers"), so a micro-batch whose
+// activation changes shape is refused by the sender, before it sends anything: a clear error
+// instead of a mismatched transfer (NCCL cannot even detect one). Only the first stage runs the
+// failing step; it throws at send_activation, before any transfer of that step, so the other
+// stages need not take part.
+TEST_CASE("pipeline executor: an activation that changes shape after the first step is an error naming the stage",
+          "[pipeline]") {
+  coll::Communicator& world = *test::env().comm;
+  Device& dev = *test::env().device;
+  const int p = world.size(), s = world.rank();
+  auto alone = world.split(s, 0);
+  auto stream = dev.create_stream("compute");
+  auto ops = models::make_ops(dev, *stream);
+  Model model = models::make_mlp({kMlp, ScalarType::f32, ScalarType::f32}, *ops);
+  const pipeline::StageCut cut = pipeline::cut_uniform(static_cast<int>(model.units.size()), p);
+  engine::PipelineStage st = engine::make_pipeline_stage(model, cut, world);
+  const pipeline::Stage list = pipeline::one_f_one_b(p, kM, s);
+  Engine stage(st.view.model, dev, *stream, *alone, options(), st.place);
+  stage.pipeline_step(list, [&](int mb) { return make_batch(dev, mb); });
+  if (s == 0) {
+    try {
+      stage.pipeline_step(list, [&](int mb) { return make_batch(dev, 100 + mb, mb == 0 ? kRows + 1 : kRows); });
+      FAIL("the changed shape was sent");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      INFO(what);
+      CHECK(what.find("pipeline stage 0 of " + std::to_string(p)) != std::string::npos);
+      CHECK(what.find("micro-batch 0 is fp32 [7, 12] but was fp32 [6, 12] at the first step") != std::string::npos);
+    }
+  }
+  world.barrier().wait();
+}
