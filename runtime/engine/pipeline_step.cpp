@@ -8,7 +8,8 @@
 // reads it; a send is posted right after the pass that produced its tensor, and waited for only
 // at the end of the list. Every transfer starts after the compute stream's point (a send's
 // tensor must be written, a receive's buffer is stream-ordered memory of the compute stream).
-// Every posted buffer is held (in the micro-batch or in `sending`) until its Work completes.
+// Every posted buffer is held (in the micro-batch or in `sending`) until its Work completes; a
+// completed send's tensors are dropped after the instruction that finds it complete.
 //
 // Pairs. A send followed in the list by the receive from the same neighbour (only `load`s
 // between: send_activation then recv_gradient, send_gradient then recv_activation;
@@ -31,6 +32,7 @@
 // shape other than the first step's (the receiver has already posted that one). Header and data
 // go from the same sender to the same receiver, so they match in order (communicator.hpp). A
 // gradient needs no header: it has the shape and type of the activation this stage sent.
+#include <algorithm>
 #include <map>
 
 #include "core/phase.hpp"
@@ -358,6 +360,16 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
         case Op::step:
           break;  // below, after the sends are done
       }
+      // Sends that have completed give their tensors back now, not at the end of the list: else
+      // a stage would hold every micro-batch's sent boundary tensors, gpipe's memory under every
+      // schedule (with activation checkpointing those are most of what a held micro-batch costs).
+      // wait() on a completed Work returns at once and reports a failed send.
+      std::erase_if(sending, [](Sending& sd) {
+        for (coll::Work& w : sd.work)
+          if (!w.test()) return false;
+        for (coll::Work& w : sd.work) w.wait();
+        return true;
+      });
       // A micro-batch whose passes all ran and whose gradient went out is done.
       if (in.micro >= 0) {
         auto it = live.find(in.micro);
