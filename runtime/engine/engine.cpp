@@ -61,6 +61,10 @@ StepStats Engine::step(const std::function<Batch(int micro)>& next) {
   State& s = *s_;
   engine::Context& x = s.x;
   const int M = x.o.gradient_accumulation_steps;
+  ZERO_REQUIRE(!x.place.active(),
+               "Engine::step: this Engine is pipeline stage " + std::to_string(x.place.stage) + " of " +
+                   std::to_string(x.place.stages) + " (built with a PipelinePlace); its step is "
+                   "Engine::pipeline_step with the stage's instruction list");
   try {
     x.timers.reset_step();
     s.opt->begin_step();
