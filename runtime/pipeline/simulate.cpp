@@ -79,8 +79,16 @@ std::string Simulation::failure() const {
 }
 
 Simulation simulate(const std::vector<Stage>& lists, const Costs& costs, Sends sends) {
+  return simulate_per_stage(lists, std::vector<Costs>(lists.size(), costs), sends);
+}
+
+Simulation simulate_per_stage(const std::vector<Stage>& lists, const std::vector<Costs>& per_stage,
+                              Sends sends) {
   const int p = static_cast<int>(lists.size());
   ZERO_REQUIRE(p >= 1, "pipeline simulate: no stages");
+  ZERO_REQUIRE(per_stage.size() == lists.size(),
+               "pipeline simulate: " + std::to_string(per_stage.size()) + " cost sets for " +
+                   std::to_string(p) + " stages; give one per stage");
   Simulation sim;
   sim.stages.resize(static_cast<size_t>(p));
   // act[s]: activations from s to s+1; grad[s]: gradients from s+1 to s.
@@ -95,6 +103,7 @@ Simulation simulate(const std::vector<Stage>& lists, const Costs& costs, Sends s
   auto run = [&](int s, bool& progressed) {
     const auto su = static_cast<size_t>(s);
     const Stage& list = lists[su];
+    const Costs& costs = per_stage[su];  // a message's delay is its sender's comm
     StageReport& r = sim.stages[su];
     while (pos[su] < list.size()) {
       const Instruction& in = list[pos[su]];

@@ -82,6 +82,11 @@ enum class Sends { asynchronous, synchronous };
 
 Simulation simulate(const std::vector<Stage>& stages, const Costs& costs = {},
                     Sends sends = Sends::asynchronous);
+// Each stage with its own pass costs (per_stage[s]; a message takes its sender's `comm`): a cut
+// whose stages cost different amounts, where the slower stage sets the pace and the faster one
+// waits for it (which the one-cost form cannot show).
+Simulation simulate_per_stage(const std::vector<Stage>& stages, const std::vector<Costs>& per_stage,
+                              Sends sends = Sends::asynchronous);
 
 // A text picture of the timelines, one row per stage, `slot` time units per cell (4 characters:
 // the pass and its micro-batch, "." idle). For docs and failing tests; passes shorter than a

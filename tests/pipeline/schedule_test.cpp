@@ -213,6 +213,40 @@ TEST_CASE("schedule: uneven costs and communication time: the critical paths") {
   }
 }
 
+TEST_CASE("schedule: per-stage costs: the slower stage sets the pace") {
+  // The same costs for every stage give the one-cost simulation, exactly.
+  Costs c;
+  c.forward = 1;
+  c.backward_input = 2;
+  c.backward_weight = 1;
+  c.comm = 0.5;
+  for (const NamedSchedule& sch : known_schedules())
+    for (int p : {2, 4})
+      for (int m : {1, 4, 8}) {
+        INFO(describe(sch.name, p, m));
+        const std::vector<Stage> lists = all_stages(sch.fn, p, m);
+        CHECK(simulate_per_stage(lists, std::vector<Costs>(static_cast<size_t>(p), c)).makespan == simulate(lists, c).makespan);
+      }
+  // 1F1B on 2 stages, stage 1 twice as slow (F 2, joint backward 4), no link time: stage 1 runs
+  // back to back from t = 1 (stage 0's F0) for m cycles of 6, then stage 0's last backward (2).
+  Costs fast, slow;
+  fast.forward = 1;
+  fast.backward = 2;
+  fast.comm = 0;
+  slow.forward = 2;
+  slow.backward = 4;
+  slow.comm = 0;
+  for (int m : {2, 4, 8}) {
+    INFO("m=" << m);
+    const Simulation sim = simulate_per_stage(all_stages(one_f_one_b, 2, m), std::vector<Costs>{fast, slow});
+    REQUIRE(sim.ok());
+    CHECK(sim.makespan == 6.0 * m + 3);
+    CHECK(sim.stages[1].busy == 6.0 * m);
+  }
+  CHECK_THROWS_WITH(simulate_per_stage(all_stages(one_f_one_b, 2, 2), std::vector<Costs>{fast}),
+                    ContainsSubstring("1 cost sets for 2 stages"));
+}
+
 TEST_CASE("schedule: ZB-H1 on 2 stages and 4 micro-batches is the order derived by hand") {
   // Derived on paper with unit costs: the last stage runs F, B at once and delays each W by one
   // micro-batch; stage 0 runs W right after B and its wait for B0 is its only bubble.
