@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
     const models::GptShape shape = opt.quick ? models::GptShape{8, 128, 4, 32, 64}
                                              : models::GptShape{8, 256, 8, 64, 64};
     const int B = 4, T = shape.seq_len;
-    const int reps = opt.quick ? 5 : 11, warmup = opt.quick ? 1 : 2;
+    const int reps = opt.quick ? 5 : 21, warmup = opt.quick ? 1 : 2;
     const std::vector<int> ms = {4, 8, 16};
 
     auto stream = dev->create_stream("compute");
