@@ -46,7 +46,7 @@ mkdir -p "$work"
 # using the device conversions would fail to link. When the glob does not name core/, a copy of
 # the emulator in the work directory is used whose glob also covers core/ (its only difference).
 if ! grep -q 'PROJECT_SOURCE_DIR}/core/' "$emu/tools/patch_cmake.py"; then
-  rm -rf "$work/emu-tool" && cp -r "$emu" "$work/emu-tool" && chmod -R u+w "$work/emu-tool"
+  rm -rf "$work/emu-tool" && cp -rp "$emu" "$work/emu-tool" && chmod -R u+w "$work/emu-tool"
   sed -i 's#${PROJECT_SOURCE_DIR}/runtime/\*\.cu#${PROJECT_SOURCE_DIR}/core/*.cu ${PROJECT_SOURCE_DIR}/runtime/*.cu#' \
     "$work/emu-tool/tools/patch_cmake.py"
   grep -q 'PROJECT_SOURCE_DIR}/core/' "$work/emu-tool/tools/patch_cmake.py" ||
