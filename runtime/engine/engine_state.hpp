@@ -13,8 +13,11 @@
 //   evaluate.cpp         forward-only evaluation
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -47,6 +50,13 @@ struct PipeBoundary {
   Shape shape;
   friend bool operator==(const PipeBoundary&, const PipeBoundary&) = default;
 };
+// The header sent before a boundary activation (pipe_header.cpp): kPipeHeader int32 words, the
+// scalar type, the rank, then the dimensions, so the receiver needs no knowledge of the
+// sender's Units.
+constexpr int kPipeHeader = 8;
+std::array<int32_t, kPipeHeader> encode_header(const PipeBoundary& b);
+// Throws naming `where` and the sending pipeline rank `from` when the words are no header.
+PipeBoundary decode_header(const int32_t* words, const std::string& where, int from);
 }  // namespace engine
 
 struct Engine::State {

@@ -2,7 +2,7 @@
 // counterpart of evaluate.cpp. Nothing changes and no activation is kept for a backward.
 //
 // The boundary activation travels exactly as in Engine::pipeline_step (pipeline_step.cpp): a
-// header of kHeader int32 words (scalar type, rank, dims), then the data, both from the same
+// header of kPipeHeader int32 words (scalar type, rank, dims), then the data, both from the same
 // sender to the same receiver so they match in order. Evaluation is not on the hot path, so each
 // transfer is waited for at once (the stages run one after the other: a pipeline of one
 // micro-batch, which is what a held-out forward is).
@@ -21,7 +21,7 @@
 namespace zero {
 namespace {
 
-constexpr int kHeader = 8;  // pipeline_step.cpp's activation header: scalar type, rank, dims
+using engine::kPipeHeader;
 
 // The most likely token at every row of `logits` [.., V] (ties to the lower id), read to the
 // host; the last Unit's output of the last stage.
@@ -67,18 +67,13 @@ double Engine::pipeline_evaluate(const Batch& batch, std::vector<int32_t>* argma
     // The stage's input: the batch's tokens on the first stage, else the previous stage's output.
     Tensor carry;
     if (!first) {
-      Tensor header = Tensor::empty(x.dev, Shape{kHeader}, ScalarType::i32, MemCategory::activations);
-      pipe.recv(header.data(), kHeader, DType::f32, prev_rank).wait();
-      int32_t h[kHeader];
+      Tensor header = Tensor::empty(x.dev, Shape{kPipeHeader}, ScalarType::i32, MemCategory::activations);
+      pipe.recv(header.data(), kPipeHeader, DType::f32, prev_rank).wait();
+      int32_t h[kPipeHeader];
       copy_to_host(x.dev, x.compute, h, header);
       x.compute.synchronize();
-      ZERO_REQUIRE(h[0] >= 0 && h[0] <= static_cast<int>(ScalarType::i32) && h[1] >= 1 && h[1] <= Shape::kMaxRank,
-                   where + ": a malformed activation header from pipeline rank " + std::to_string(prev_rank));
-      const Shape shape = h[1] == 1   ? Shape{h[2]}
-                          : h[1] == 2 ? Shape{h[2], h[3]}
-                          : h[1] == 3 ? Shape{h[2], h[3], h[4]}
-                                      : Shape{h[2], h[3], h[4], h[5]};
-      carry = Tensor::empty(x.dev, shape, static_cast<ScalarType>(h[0]), MemCategory::activations);
+      const engine::PipeBoundary got = engine::decode_header(h, where, prev_rank);
+      carry = Tensor::empty(x.dev, got.shape, got.type, MemCategory::activations);
       const std::optional<DType> wire = to_dtype(carry.type());
       ZERO_REQUIRE(wire.has_value(), where + ": the activation is not fp32/bf16/fp16");
       pipe.recv(carry.data(), static_cast<size_t>(carry.numel()), *wire, prev_rank).wait();
@@ -104,17 +99,13 @@ double Engine::pipeline_evaluate(const Batch& batch, std::vector<int32_t>* argma
     if (!last) {
       // The header and the activation, as pipeline_step sends them; posted after the compute
       // stream's point (the activation must be written) and waited for before `carry` goes.
-      std::vector<int32_t> host(kHeader, 0);
-      const Shape& sh = carry.shape();
-      host[0] = static_cast<int32_t>(carry.type());
-      host[1] = sh.rank();
-      for (int d = 0; d < sh.rank(); ++d) host[static_cast<size_t>(2 + d)] = static_cast<int32_t>(sh[d]);
-      Tensor header = Tensor::empty(x.dev, Shape{kHeader}, ScalarType::i32, MemCategory::activations);
+      const std::array<int32_t, kPipeHeader> host = engine::encode_header({carry.type(), carry.shape()});
+      Tensor header = Tensor::empty(x.dev, Shape{kPipeHeader}, ScalarType::i32, MemCategory::activations);
       copy_from_host(x.dev, x.compute, header, host.data());
       const std::optional<DType> wire = to_dtype(carry.type());
       ZERO_REQUIRE(wire.has_value(), where + ": the activation is not fp32/bf16/fp16");
       const coll::P2POp ops[2] = {
-          coll::P2POp::send(header.data(), kHeader, DType::f32, next_rank),
+          coll::P2POp::send(header.data(), kPipeHeader, DType::f32, next_rank),
           coll::P2POp::send(carry.data(), static_cast<size_t>(carry.numel()), *wire, next_rank)};
       for (coll::Work& w : pipe.batch_send_recv(ops, x.compute_point())) w.wait();
     }

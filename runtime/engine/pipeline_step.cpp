@@ -23,7 +23,7 @@
 // MPI needs none of it (any order is safe there); the pairs change only when a receive is
 // posted, never what arrives.
 //
-// Activations carry a header of kHeader int32 words (scalar type, rank, dims): the receiver needs
+// Activations carry a header of kPipeHeader int32 words (scalar type, rank, dims): the receiver needs
 // no knowledge of the previous stage's Units. At the first step (per micro-batch index) the
 // receiver posts only the header at recv_activation and, at F, reads it and posts the data: one
 // host round trip. Both sides keep the (type, shape) they exchanged (State::pipe_sent,
@@ -42,7 +42,7 @@
 namespace zero {
 namespace {
 
-constexpr int kHeader = 8;  // scalar type, rank, up to 6 dimensions (Shape::kMaxRank is 4)
+using engine::kPipeHeader;
 
 DType wire_type(ScalarType t, const char* what) {
   auto d = to_dtype(t);
@@ -174,8 +174,8 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
   // told its shape.
   auto add_recv_activation = [&](int mb, Posting& p) {
     StageMicro& m = micro(mb);
-    m.header = Tensor::empty(x.dev, Shape{kHeader}, ScalarType::i32, MemCategory::activations);
-    p.add(coll::P2POp::recv(m.header.data(), kHeader, DType::f32, prev_rank), &m.header_work);
+    m.header = Tensor::empty(x.dev, Shape{kPipeHeader}, ScalarType::i32, MemCategory::activations);
+    p.add(coll::P2POp::recv(m.header.data(), kPipeHeader, DType::f32, prev_rank), &m.header_work);
     m.header_posted = true;
     if (auto it = s.pipe_received.find(mb); it != s.pipe_received.end()) {
       m.input = Tensor::empty(x.dev, it->second.shape, it->second.type, MemCategory::activations);
@@ -243,18 +243,10 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
             ZERO_REQUIRE(m.header_posted, where + ": F" + std::to_string(in.micro) +
                                               " on a non-first stage without its recv_activation");
             wait_p2p(m.header_work);
-            int32_t h[kHeader];
+            int32_t h[kPipeHeader];
             copy_to_host(x.dev, x.compute, h, m.header);
             x.compute.synchronize();
-            ZERO_REQUIRE(h[0] >= 0 && h[0] <= static_cast<int>(ScalarType::i32) && h[1] >= 1 &&
-                             h[1] <= Shape::kMaxRank,
-                         where + ": a malformed activation header from pipeline stage " +
-                             std::to_string(prev_rank));
-            const Boundary got{static_cast<ScalarType>(h[0]),
-                               h[1] == 1   ? Shape{h[2]}
-                               : h[1] == 2 ? Shape{h[2], h[3]}
-                               : h[1] == 3 ? Shape{h[2], h[3], h[4]}
-                                           : Shape{h[2], h[3], h[4], h[5]}};
+            const Boundary got = engine::decode_header(h, where, prev_rank);
             if (m.input_posted) {
               // The sender checks this too before sending; a mismatch here means the two stages'
               // kept shapes parted (e.g. one of them was rebuilt between steps).
@@ -298,17 +290,14 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
                            "micro-batch must keep its shape from step to step (fixed micro-batch "
                            "size and sequence length)");
           Sending sd;
-          sd.host.assign(kHeader, 0);
-          const Shape& sh = out.shape;
-          sd.host[0] = static_cast<int32_t>(out.type);
-          sd.host[1] = sh.rank();
-          for (int d = 0; d < sh.rank(); ++d) sd.host[static_cast<size_t>(2 + d)] = static_cast<int32_t>(sh[d]);
-          sd.a = Tensor::empty(x.dev, Shape{kHeader}, ScalarType::i32, MemCategory::activations);
+          const std::array<int32_t, kPipeHeader> words = engine::encode_header(out);
+          sd.host.assign(words.begin(), words.end());
+          sd.a = Tensor::empty(x.dev, Shape{kPipeHeader}, ScalarType::i32, MemCategory::activations);
           copy_from_host(x.dev, x.compute, sd.a, sd.host.data());
           sd.b = m.sent_output;
           sd.work.resize(2);
           Posting p;
-          p.add(coll::P2POp::send(sd.a.data(), kHeader, DType::f32, next_rank), &sd.work[0]);
+          p.add(coll::P2POp::send(sd.a.data(), kPipeHeader, DType::f32, next_rank), &sd.work[0]);
           p.add(coll::P2POp::send(sd.b.data(), static_cast<size_t>(sd.b.numel()),
                                   wire_type(sd.b.type(), "activation"), next_rank),
                 &sd.work[1]);
