@@ -15,12 +15,14 @@
 // A reordered fp32 sum of K <= 128 terms moves by a few ulps of its largest partial sum, and the
 // block chains at most ~4 such sums into any gradient, so the differences are a few times
 // 2^-24 relative to each tensor's scale: the bound is 1e-5 of the tensor's largest magnitude
-// (~170 ulps). Measured (ZERO_TEST_PRINT=1): at most 3.2e-7 on 2 ranks, 2.7e-7 on 4 (both
-// ln_2.bias, a sum over the B T rows of an all-reduced gradient).
-// Planted bugs, measured: a shard holding the next rank's heads 0.9-1.6 (relative, the
-// in-test control below); the replicated bias added by every rank 0.1; shard init with the
-// rank's piece of q only (blocks 1 instead of 3) fails the init check; a missing backward
-// all-reduce (f) 0.6. Split B/W and checkpointing are bitwise the joint backward.
+// (~170 ulps). Measured (ZERO_TEST_PRINT=1): at most 2.8e-7 on 2 and on 4 ranks.
+// The parameters are the initial values plus noise, so biases are not zero and LayerNorm
+// weights not one. Planted bugs, measured on 2 ranks: c_attn holding the next rank's heads
+// (the in-test control below) moves the output by 0.13; the replicated c_proj biases added by
+// every rank instead of once: up to 0.15; the backward all-reduce of ln_1's input gradient
+// (f) left out: 0.79; init_param_values ignoring c_attn's q | k | v blocks fails the init case.
+// Split B/W and checkpointing are bitwise the joint backward (the all-reduce sums in rank
+// order, so the recomputed forward is the same).
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
@@ -182,10 +184,20 @@ struct Reference {
   std::vector<std::vector<float>> values;
   Result result;
 
-  explicit Reference(Mode mode) {
+  // `perturbed`: the initial values plus N(0, 0.05^2) noise, so biases are not zero and
+  // LayerNorm weights not one (a bias added twice, or a LayerNorm gradient lost, would
+  // otherwise be invisible); else the initial values.
+  explicit Reference(Mode mode, bool perturbed = true) {
     Unit& block = *model.units.at(1);
     for (int id : block.param_ids()) specs.push_back(model.params[static_cast<size_t>(id)]);
-    for (const ParamSpec& p : specs) values.push_back(init_values(p, kSeed));
+    for (const ParamSpec& p : specs) {
+      std::vector<float> v = init_values(p, kSeed);
+      if (perturbed) {
+        const std::vector<float> n = noise(p.name + "/perturb", p.numel());
+        for (size_t i = 0; i < v.size(); ++i) v[i] += 0.05f * n[i];
+      }
+      values.push_back(std::move(v));
+    }
     result = run(block, *ops, specs, values, mode);
   }
 };
@@ -228,10 +240,21 @@ std::vector<std::vector<float>> shard_init(const Sharded& tp) {
   return v;
 }
 
+// This rank's slices of the reference's values; `wrong_heads`: c_attn's from the next rank.
+std::vector<std::vector<float>> shard_values(const Reference& ref, bool wrong_heads = false) {
+  const int t = grid().tensor().rank(), T = grid().tensor().size();
+  std::vector<std::vector<float>> v;
+  for (size_t i = 0; i < ref.specs.size(); ++i) {
+    const bool shift = wrong_heads && ref.specs[i].name.find("c_attn") != std::string::npos;
+    v.push_back(expected_slice(ref.specs[i], ref.values[i], shift ? (t + 1) % T : t, T));
+  }
+  return v;
+}
+
 }  // namespace
 
 TEST_CASE("tensor parallel: each shard starts as the matching slice of the unsplit model") {
-  const Reference ref(Mode::joint);
+  const Reference ref(Mode::joint, false);
   const Sharded tp;
   const int t = grid().tensor().rank(), T = grid().tensor().size();
   const auto mine = shard_init(tp);
@@ -245,7 +268,7 @@ TEST_CASE("tensor parallel: the block equals the unsplit block (joint, split B/W
   for (Mode mode : {Mode::joint, Mode::split, Mode::checkpoint}) {
     const Reference ref(mode);
     Sharded tp;
-    const Result got = run(*tp.block, *tp.ops, tp.specs, shard_init(tp), mode);
+    const Result got = run(*tp.block, *tp.ops, tp.specs, shard_values(ref), mode);
     compare(ref, tp, got);
     // Two all-reduces of [B, T, C] fp32 forward, two backward; a checkpointed block recomputes
     // its forward, repeating the forward two.
@@ -257,10 +280,11 @@ TEST_CASE("tensor parallel: the block equals the unsplit block (joint, split B/W
 }
 
 TEST_CASE("tensor parallel: split B/W and checkpointing are bitwise the joint backward") {
+  const Reference ref(Mode::joint);
   Sharded a, b, c;
-  const Result joint = run(*a.block, *a.ops, a.specs, shard_init(a), Mode::joint);
-  const Result split = run(*b.block, *b.ops, b.specs, shard_init(b), Mode::split);
-  const Result remat = run(*c.block, *c.ops, c.specs, shard_init(c), Mode::checkpoint);
+  const Result joint = run(*a.block, *a.ops, a.specs, shard_values(ref), Mode::joint);
+  const Result split = run(*b.block, *b.ops, b.specs, shard_values(ref), Mode::split);
+  const Result remat = run(*c.block, *c.ops, c.specs, shard_values(ref), Mode::checkpoint);
   CHECK(split.dx == joint.dx);
   CHECK(split.grads == joint.grads);
   CHECK(remat.dx == joint.dx);
@@ -271,22 +295,16 @@ TEST_CASE("tensor parallel: the comparison sees a shard with the wrong heads") {
   // The control that the test can fail: c_attn holds the next rank's heads while attn.c_proj
   // keeps this rank's rows. (Rotating both alike is the same model, its heads renumbered: the
   // all-reduce sums every head once either way; only the gradient slices would tell.)
-  const int T = grid().tensor().size();
   const Reference ref(Mode::joint);
   Sharded tp;
-  std::vector<ParamSpec> wrong = tp.specs;
-  for (ParamSpec& p : wrong)
-    if (p.name.find("c_attn") != std::string::npos) p.slice.rank = (p.slice.rank + 1) % T;
-  std::vector<std::vector<float>> values;
-  for (const ParamSpec& p : wrong) values.push_back(init_values(p, kSeed));
-  const Result got = run(*tp.block, *tp.ops, tp.specs, values, Mode::joint);
+  const Result got = run(*tp.block, *tp.ops, tp.specs, shard_values(ref, true), Mode::joint);
   const double d = rel_diff(got.out, ref.result.out);
   if (print()) std::printf("[rank %d] wrong heads: output differs by %.3g\n", grid().tensor().rank(), d);
   CHECK(d > 100 * kBound);
 }
 
 TEST_CASE("tensor parallel: degree 1 lists make_gpt's block parameters") {
-  const Reference ref(Mode::joint);
+  const Reference ref(Mode::joint, false);
   std::vector<ParamSpec> one;
   (void)models::add_tensor_parallel_block_params(one, options(), 0, 0, 1);
   REQUIRE(one.size() == ref.specs.size());
