@@ -3,6 +3,7 @@
 #include "core/random.hpp"
 
 #include <algorithm>
+#include <string>
 
 namespace zero {
 
@@ -12,6 +13,7 @@ void init_param_values(const ParamSpec& spec, uint64_t seed, int64_t begin, int6
                "init_param_values: elements [" + std::to_string(begin) + ", " +
                    std::to_string(begin + count) + ") are outside parameter " + spec.name +
                    " of " + std::to_string(spec.numel()) + " elements");
+  check_param_slice(spec);
   switch (spec.init) {
     case ParamInit::zeros: std::fill(out, out + count, 0.0f); return;
     case ParamInit::ones: std::fill(out, out + count, 1.0f); return;
@@ -20,8 +22,45 @@ void init_param_values(const ParamSpec& spec, uint64_t seed, int64_t begin, int6
   // The key depends on the name, not on the parameter's position in the table, so adding a
   // parameter elsewhere does not change this one's values.
   const uint64_t key = hash_counters(seed, hash_string(spec.name));
-  for (int64_t i = 0; i < count; ++i)
-    out[i] = counter_normal(key, static_cast<uint64_t>(begin + i)) * spec.init_std;
+  const bool sliced = spec.slice.split == TensorSplit::sliced;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t e = sliced ? param_slice_element(spec, begin + i) : begin + i;
+    out[i] = counter_normal(key, static_cast<uint64_t>(e)) * spec.init_std;
+  }
+}
+
+void check_param_slice(const ParamSpec& spec) {
+  const ParamSlice& s = spec.slice;
+  if (s.split == TensorSplit::none) return;
+  const std::string where = "parameter " + spec.name + " " + spec.shape.str() + ": ";
+  ZERO_REQUIRE(s.degree >= 1 && s.rank >= 0 && s.rank < s.degree,
+               where + "tensor rank " + std::to_string(s.rank) + " is outside degree " + std::to_string(s.degree));
+  if (s.split == TensorSplit::replicated) {
+    ZERO_REQUIRE(s.full == spec.shape, where + "a replicated parameter must have the whole shape " + s.full.str());
+    return;
+  }
+  ZERO_REQUIRE(s.dim >= 0 && s.dim < s.full.rank() && s.full.rank() == spec.shape.rank() && s.blocks >= 1,
+               where + "the slice's dimension " + std::to_string(s.dim) + " or blocks " +
+                   std::to_string(s.blocks) + " do not fit the whole shape " + s.full.str());
+  const int64_t cut = static_cast<int64_t>(s.blocks) * s.degree;
+  bool fits = s.full[s.dim] % cut == 0 && spec.shape[s.dim] == s.full[s.dim] / s.degree;
+  for (int d = 0; d < s.full.rank(); ++d) fits = fits && (d == s.dim || spec.shape[d] == s.full[d]);
+  ZERO_REQUIRE(fits, where + "is not piece " + std::to_string(s.rank) + " of " + std::to_string(s.degree) +
+                         " of " + std::to_string(s.blocks) + " block(s) of the whole shape " + s.full.str() +
+                         " along dimension " + std::to_string(s.dim));
+}
+
+int64_t param_slice_element(const ParamSpec& spec, int64_t i) noexcept {
+  const ParamSlice& s = spec.slice;
+  if (s.split != TensorSplit::sliced) return i;
+  int64_t inner = 1;  // elements per step along dim (the dimensions after it)
+  for (int d = s.dim + 1; d < s.full.rank(); ++d) inner *= s.full[d];
+  const int64_t part = spec.shape[s.dim];       // this rank's extent along dim
+  const int64_t piece = part / s.blocks;        // its extent inside one block
+  const int64_t block_len = s.full[s.dim] / s.blocks;
+  const int64_t in = i % inner, j = (i / inner) % part, outer = i / (inner * part);
+  const int64_t whole_j = (j / piece) * block_len + s.rank * piece + j % piece;
+  return (outer * s.full[s.dim] + whole_j) * inner + in;
 }
 
 int64_t Model::parameter_count() const noexcept {

@@ -72,6 +72,28 @@ namespace zero {
 
 enum class ParamInit : uint8_t { zeros, ones, normal };
 
+// Tensor parallelism (docs/tensor-parallel.md): how a parameter of one tensor rank relates to the
+// whole model's parameter of the same name, for initialisation and for re-slicing checkpoints.
+enum class TensorSplit : uint8_t {
+  none,        // not a tensor-parallel layout: the whole parameter
+  replicated,  // the whole parameter, held alike by every rank of the tensor group
+  sliced,      // one rank's part of it, as ParamSlice describes
+};
+
+// A sliced parameter is piece `rank` of `degree` along dimension `dim` of the whole parameter
+// (shape `full`; every other dimension is whole). That dimension is `blocks` equal blocks side
+// by side (c_attn's columns are q | k | v: 3 blocks; otherwise 1), each block is cut into
+// `degree` equal contiguous pieces, and the slice holds piece `rank` of every block, in block
+// order. So with blocks 1 it is the contiguous range [rank, rank + 1) * full[dim] / degree.
+struct ParamSlice {
+  TensorSplit split = TensorSplit::none;
+  Shape full;       // the whole parameter's shape (sliced and replicated)
+  int dim = 0;      // sliced: the cut dimension of `full`
+  int blocks = 1;   // sliced: equal blocks along `dim`, each cut into `degree` pieces
+  int rank = 0;     // the tensor rank holding this parameter
+  int degree = 1;   // the tensor-parallel degree
+};
+
 struct ParamSpec {
   std::string name;   // Hugging Face GPT-2 names for the GPT: "h.0.attn.c_attn.weight"
   Shape shape;        // Hugging Face shapes too (Conv1D weights are [in, out])
@@ -79,6 +101,7 @@ struct ParamSpec {
   bool weight_decay = true;           // AdamW applies decay to it (matrices: yes; biases, norms: no)
   ParamInit init = ParamInit::normal;
   float init_std = 0.02f;             // for ParamInit::normal: N(0, init_std^2)
+  ParamSlice slice{};                 // tensor parallelism: which part of the whole parameter
 
   int64_t numel() const noexcept { return shape.numel(); }
 };
@@ -86,8 +109,18 @@ struct ParamSpec {
 // Initial values of elements [begin, begin + count) of `spec` (row-major) for `seed`: a pure
 // function of (seed, spec.name, element index), so every rank and every world size, each
 // initialising only its own slice, gets the same model. Counter-based (no sequential RNG state).
+// For a sliced parameter the element index is the one in the whole parameter
+// (param_slice_element), so a tensor rank's part holds exactly the whole model's values there.
+// Throws zero::Error naming the parameter when its slice does not fit its shape.
 void init_param_values(const ParamSpec& spec, uint64_t seed, int64_t begin, int64_t count,
                        float* out);
+
+// Checks that spec.slice describes spec.shape (sliced: `full` cut along `dim` by blocks x
+// degree gives spec.shape; replicated: full == shape). Throws zero::Error naming the parameter.
+void check_param_slice(const ParamSpec& spec);
+// The row-major index in the whole parameter of element i of `spec` (i itself unless sliced).
+// spec.slice must have passed check_param_slice.
+int64_t param_slice_element(const ParamSpec& spec, int64_t i) noexcept;
 
 // A micro-batch as the model reads it, on the model's device.
 struct Batch {

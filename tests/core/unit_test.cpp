@@ -62,6 +62,37 @@ TEST_CASE("init_param_values: any slice gives the same values as the whole") {
   CHECK_THROWS(init_param_values(p, 1, 560, 2, part.data()));
 }
 
+TEST_CASE("init_param_values: a tensor-parallel slice holds the whole parameter's values there") {
+  ParamSpec whole{"h.0.attn.c_attn.weight", Shape{4, 6}, ScalarType::f32, true, ParamInit::normal, 0.02f};
+  std::vector<float> w(24);
+  init_param_values(whole, 7, 0, 24, w.data());
+  // Columns as q | k | v (3 blocks of 2), degree 2: rank 1 holds columns 1, 3 and 5.
+  ParamSpec cols = whole;
+  cols.shape = Shape{4, 3};
+  cols.slice = ParamSlice{TensorSplit::sliced, Shape{4, 6}, 1, 3, 1, 2};
+  std::vector<float> c(12);
+  init_param_values(cols, 7, 0, 12, c.data());
+  for (int r = 0; r < 4; ++r)
+    for (int j = 0; j < 3; ++j) CHECK(c[static_cast<size_t>(r * 3 + j)] == w[static_cast<size_t>(r * 6 + 2 * j + 1)]);
+  // Part of a slice: elements [5, 9) of it.
+  std::vector<float> part(4);
+  init_param_values(cols, 7, 5, 4, part.data());
+  for (int i = 0; i < 4; ++i) CHECK(part[static_cast<size_t>(i)] == c[static_cast<size_t>(5 + i)]);
+  // Rows, one block, degree 2: rank 1 holds rows 2 and 3, contiguous.
+  ParamSpec rows = whole;
+  rows.shape = Shape{2, 6};
+  rows.slice = ParamSlice{TensorSplit::sliced, Shape{4, 6}, 0, 1, 1, 2};
+  std::vector<float> r(12);
+  init_param_values(rows, 7, 0, 12, r.data());
+  CHECK(r == std::vector<float>(w.begin() + 12, w.end()));
+  // A slice that does not fit its shape names the parameter.
+  rows.shape = Shape{3, 6};
+  CHECK_THROWS(init_param_values(rows, 7, 0, 1, r.data()));
+  ParamSpec rep = whole;
+  rep.slice = ParamSlice{TensorSplit::replicated, Shape{4, 5}, 0, 1, 0, 2};
+  CHECK_THROWS(check_param_slice(rep));
+}
+
 TEST_CASE("Model: a tied parameter's gradient completes at its first user") {
   const Model m = fake_model(3);
   CHECK(m.parameter_count() == 12);
