@@ -68,7 +68,11 @@ rc=$?
 # The test cases' totals (colour codes removed: under mpirun Catch2 writes them), then one line
 # per program.
 sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -E '^=== .* exit [0-9]+$|^test cases:|^All tests passed'
-violations=$(grep -Eo 'EMU-SUMMARY: [0-9]+' "$log" | awk '{s += $2} END {print s + 0}')
+# Each violation prints one EMU-VIOLATION line; a process the emulator aborts (an NCCL batch
+# timing out, EMU_ABORT) prints no EMU-SUMMARY, so the summaries alone can read 0: take the larger.
+summed=$(grep -Eo 'EMU-SUMMARY: [0-9]+' "$log" | awk '{s += $2} END {print s + 0}')
+lines=$(grep -o 'EMU-VIOLATION:' "$log" | wc -l)
+violations=$((summed > lines ? summed : lines))
 echo "cuda-emu-tests: ran in $((SECONDS - t1)) s; EMU-VIOLATIONs: $violations (log: $log)"
 if [ "$violations" -gt 0 ]; then
   grep -m 20 'EMU-VIOLATION' "$log"
