@@ -5,9 +5,9 @@
 namespace zero::engine {
 
 Context::Context(Model& m, Device& d, Stream& c, coll::Communicator& k, EngineOptions opt,
-                 PipelinePlace pl)
+                 PipelinePlace pl, TensorPlace tp)
     : model(m), dev(d), compute(c), comm(k), o(std::move(opt)), part(m, k.size()),
-      rank(k.rank()), world(k.size()), place(std::move(pl)), compute_done_(d.create_event()) {
+      rank(k.rank()), world(k.size()), place(std::move(pl)), tensor(tp), compute_done_(d.create_event()) {
   fence_[0] = d.create_event();
   fence_[1] = d.create_event();
 }
@@ -19,17 +19,19 @@ void Context::plan_owned() {
     owned_total += owned_len(g);
   }
   norm_runs.assign(static_cast<size_t>(part.group_count()), {});
+  bool all_counted = true;
+  for (int p = 0; p < static_cast<int>(model.params.size()); ++p) all_counted = all_counted && counted(p);
   for (int g = 0; g < part.group_count(); ++g) {
     auto& runs = norm_runs[static_cast<size_t>(g)];
-    if (place.owns_tied || place.tied.empty()) {
+    if (all_counted) {
       runs.push_back({0, owned_len(g)});
       continue;
     }
-    // The owned range without the tied pieces (padding between parameters is zero: counting it
-    // or not changes nothing).
+    // The owned range without the pieces counted elsewhere (padding between parameters is zero:
+    // counting it or not changes nothing).
     int64_t at = 0;
     for (const Partition::Piece& pc : owned_pieces(g)) {
-      if (!tied(pc.param)) continue;
+      if (counted(pc.param)) continue;
       if (pc.shard_offset > at) runs.push_back({at, pc.shard_offset - at});
       at = pc.shard_offset + pc.count;
     }
@@ -41,6 +43,12 @@ bool Context::tied(int p) const {
   for (int t : place.tied)
     if (t == p) return true;
   return false;
+}
+
+bool Context::counted(int p) const {
+  if (place.active() && !place.owns_tied && tied(p)) return false;
+  const ParamSlice& sl = model.params[static_cast<size_t>(p)].slice;
+  return !(tensor.active() && sl.split == TensorSplit::replicated && sl.rank != 0);
 }
 
 std::vector<Partition::Piece> Context::owned_pieces(int g) const {

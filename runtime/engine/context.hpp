@@ -57,7 +57,7 @@ struct StepTimers {
 
 struct Context {
   Context(Model& m, Device& d, Stream& c, coll::Communicator& k, EngineOptions opt,
-          PipelinePlace pl = {});
+          PipelinePlace pl = {}, TensorPlace tp = {});
 
   Model& model;
   Device& dev;
@@ -69,6 +69,7 @@ struct Context {
   DType dtype = DType::f32;              // of the working parameters and the gradients
   bool off = false, off_param = false;   // offload_optimizer, offload_param
   PipelinePlace place;                   // a pipeline stage's (inactive otherwise)
+  TensorPlace tensor;                    // a tensor rank's (inactive otherwise)
 
   // The elements this rank updates, concatenated group by group: the whole padded model at
   // stage 0, the rank's shards otherwise (set by plan_owned()).
@@ -83,12 +84,15 @@ struct Context {
   // relative to the owned range's start.
   std::vector<Partition::Piece> owned_pieces(int g) const;
   // Per group, the parts of the owned range the gradient norm counts, as (offset within the
-  // owned range, length): all of it, except on a pipeline stage that holds a tied parameter
-  // another stage owns (PipelinePlace::owns_tied): that copy is counted by its owner only.
+  // owned range, length): all of it, except the parameters counted elsewhere (counted()).
   // Set by plan_owned().
   std::vector<std::vector<std::pair<int64_t, int64_t>>> norm_runs;
   // Whether parameter `p` (this model's index) is a tied copy (PipelinePlace::tied).
   bool tied(int p) const;
+  // Whether this rank counts parameter `p` in the gradient norm and saves it: not a tied copy
+  // another pipeline stage owns (PipelinePlace::owns_tied), and not a replicated parameter on a
+  // tensor rank other than 0 (TensorPlace: the same gradient is on every rank of the group).
+  bool counted(int p) const;
 
   // Stage 0/1 with 16-bit parameters and accumulation: an fp32 sum of the micro-batches' full
   // gradients (GradReduction). Stage 2/3 with offload: an fp32 host accumulator of the landed

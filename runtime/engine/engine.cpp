@@ -6,10 +6,37 @@
 #include "runtime/engine/engine_state.hpp"
 
 namespace zero {
+namespace {
+
+// Every parameter's slice must be this tensor rank's: a model built for another rank or degree
+// would train silently wrong (its collectives pair up with the wrong shards).
+void check_tensor_place(const Model& model, const TensorPlace& tp, const Device& device) {
+  const int rank = tp.comm ? tp.comm->rank() : 0, degree = tp.comm ? tp.comm->size() : 1;
+  if (tp.comm)
+    ZERO_REQUIRE(tp.comm->kind() == device.kind(),
+                 "engine on " + device.name() + ": the tensor communicator is for " +
+                     std::string(to_string(tp.comm->kind())) + " buffers; use one of the device's kind");
+  for (const ParamSpec& p : model.params) {
+    const ParamSlice& sl = p.slice;
+    if (sl.split == TensorSplit::none) {
+      ZERO_REQUIRE(degree == 1, "engine: parameter " + p.name + " says nothing of tensor slicing, but the "
+                                "engine is tensor rank " + std::to_string(rank) + " of " + std::to_string(degree) +
+                                ": build the model with models::make_gpt_tensor_parallel");
+      continue;
+    }
+    ZERO_REQUIRE(sl.rank == rank && sl.degree == degree,
+                 "engine: parameter " + p.name + " is tensor rank " + std::to_string(sl.rank) + " of " +
+                     std::to_string(sl.degree) + "'s, but the engine is tensor rank " + std::to_string(rank) +
+                     " of " + std::to_string(degree) + (tp.comm ? "" : " (no tensor communicator was given)") +
+                     ": build the model for the engine's tensor communicator");
+  }
+}
+
+}  // namespace
 
 Engine::Engine(Model& model, Device& device, Stream& compute, coll::Communicator& comm,
-               EngineOptions options, PipelinePlace place)
-    : s_(std::make_unique<State>(model, device, compute, comm, std::move(options), std::move(place))) {
+               EngineOptions options, PipelinePlace place, TensorPlace tensor)
+    : s_(std::make_unique<State>(model, device, compute, comm, std::move(options), std::move(place), tensor)) {
   State& s = *s_;
   engine::Context& x = s.x;
   check_engine_options(x.o);
@@ -29,6 +56,7 @@ Engine::Engine(Model& model, Device& device, Stream& compute, coll::Communicator
                  "engine: parameter " + p.name + " is " + std::string(to_string(p.type)) +
                      " but the engine trains " + std::string(to_string(x.o.param_type)) +
                      " parameters: build the model with that parameter type");
+  check_tensor_place(model, tensor, device);
   x.off = x.o.offload_optimizer;
   x.off_param = x.o.offload_param;
   s.spec = x.off && x.o.speculative_host_step;

@@ -179,6 +179,21 @@ struct PipelinePlace {
   int next() const noexcept { return stage + 1 < stages ? stage + 1 : -1; }
 };
 
+// Where an Engine sits on the tensor axis (docs/tensor-parallel.md, "The engine"): its model is
+// one tensor rank's part of the whole (models::make_gpt_tensor_parallel): every parameter's
+// ParamSpec::slice is sliced or replicated, with rank comm->rank() and degree comm->size(). The
+// Units run the tensor collectives themselves; the Engine's communicator is the data-parallel
+// group of this (tensor, pipeline) coordinate, and the Engine adds what spans the tensor group:
+// the gradient norm (and with it the overflow check and clipping) is summed over `comm`, a
+// replicated parameter counted once (by tensor rank 0: its gradient is the same on every rank
+// of the group, computed from the same whole tensors). The checkpoint pieces of a sliced
+// parameter are mapped to the whole parameter's elements, a replicated one is saved by tensor
+// rank 0, and set_parameters takes whole values and keeps this rank's slice.
+struct TensorPlace {
+  coll::Communicator* comm = nullptr;  // the grid's tensor communicator; null: no tensor axis
+  bool active() const noexcept { return comm != nullptr && comm->size() > 1; }
+};
+
 class Engine {
  public:
   // `model` (its Units enqueue on `compute`), `device`, `compute` and `comm` must outlive the
@@ -186,8 +201,11 @@ class Engine {
   // Allocates and initialises the model state. Throws zero::Error for a bad option, OutOfMemory
   // when the state does not fit the device.
   // `place`: this Engine is one pipeline stage (above); its pointers must outlive the Engine.
+  // `tensor`: the model is one tensor rank's slice (above); the communicator must outlive the
+  // Engine and be of the device's kind. Throws zero::Error when a parameter's slice disagrees
+  // with it (another rank or degree, or a sliced model without a tensor communicator).
   Engine(Model& model, Device& device, Stream& compute, coll::Communicator& comm,
-         EngineOptions options, PipelinePlace place = {});
+         EngineOptions options, PipelinePlace place = {}, TensorPlace tensor = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -211,7 +229,7 @@ class Engine {
   // The current fp32 value of parameter p (the master copy), gathered from the ranks that own
   // it. Collective over the engine's communicator. In a pipeline p is an index into this
   // stage's VIEW (the model the Engine was built over; the whole model's parameter
-  // place.to_original[p]).
+  // place.to_original[p]). On a tensor rank, this rank's slice (the ParamSpec's shape).
   std::vector<float> parameter(int p);
 
   // Per-rank model-state bytes this engine holds between steps, by ledger category: the ZeRO

@@ -300,18 +300,27 @@ void Engine::set_parameters(const std::vector<std::vector<float>>& values) {
   }
   for (size_t p = 0; p < model_params; ++p) {
     const size_t at = s.x.place.active() ? static_cast<size_t>(orig[p]) : p;
-    const int64_t numel = s.x.part.location(static_cast<int>(p)).numel;
+    // A tensor rank's slice is handed the whole parameter and keeps its part.
+    const ParamSpec& spec = s.x.model.params[p];
+    const int64_t numel = spec.slice.split == TensorSplit::none ? spec.numel() : spec.slice.full.numel();
     ZERO_REQUIRE(static_cast<int64_t>(values[at].size()) == numel,
-                 "set_parameters: parameter " + s.x.model.params[p].name + " has " +
-                     std::to_string(numel) + " elements, got " + std::to_string(values[at].size()));
+                 "set_parameters: parameter " + spec.name + " has " + std::to_string(numel) +
+                     " elements, got " + std::to_string(values[at].size()));
   }
-  const EnginePieces ep = s.checkpoint_pieces(false);  // pieces under whole-model indices
+  const EnginePieces ep = s.checkpoint_pieces(false);
   std::vector<float> master(static_cast<size_t>(ep.total));
   int64_t k = 0;
-  for (size_t i = 0; i < ep.pieces.size(); ++i) {
-    const checkpoint::Piece& pc = ep.pieces[i];
-    std::memcpy(master.data() + k, values[static_cast<size_t>(pc.param)].data() + pc.offset,
-                static_cast<size_t>(pc.count) * 4);
+  for (const auto& [g, pc] : ep.where) {  // this model's parameter and its own element offsets
+    (void)g;
+    const ParamSpec& spec = s.x.model.params[static_cast<size_t>(pc.param)];
+    const std::vector<float>& whole =
+        values[s.x.place.active() ? static_cast<size_t>(orig[static_cast<size_t>(pc.param)]) : static_cast<size_t>(pc.param)];
+    if (spec.slice.split == TensorSplit::sliced) {
+      for (int64_t i = 0; i < pc.count; ++i)
+        master[static_cast<size_t>(k + i)] = whole[static_cast<size_t>(param_slice_element(spec, pc.param_offset + i))];
+    } else {
+      std::memcpy(master.data() + k, whole.data() + pc.param_offset, static_cast<size_t>(pc.count) * 4);
+    }
     k += pc.count;
   }
   s.install(ep, master.data(), nullptr, nullptr);

@@ -60,8 +60,9 @@ PipeBoundary decode_header(const int32_t* words, const std::string& where, int f
 }  // namespace engine
 
 struct Engine::State {
-  State(Model& m, Device& d, Stream& c, coll::Communicator& k, EngineOptions opt, PipelinePlace pl)
-      : x(m, d, c, k, std::move(opt), std::move(pl)), params(x), grads(x) {}
+  State(Model& m, Device& d, Stream& c, coll::Communicator& k, EngineOptions opt, PipelinePlace pl,
+        TensorPlace tp)
+      : x(m, d, c, k, std::move(opt), std::move(pl), tp), params(x), grads(x) {}
   ~State() { quiesce(); }
 
   engine::Context x;

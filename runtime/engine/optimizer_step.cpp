@@ -36,12 +36,13 @@ void OptimizerStep::allocate(bool speculative) {
   }
   bank_.assign(static_cast<size_t>(G), 0);
   // One float per norm run (Context::norm_runs), the all-reduce scalar, and on a pipeline stage
-  // 4 floats per stage for the exchange across stages.
+  // or tensor rank 4 floats per stage or rank for the exchanges across them (one at a time).
   norm_slots_ = 0;
   for (const auto& runs : x_.norm_runs) norm_slots_ += static_cast<int64_t>(runs.size());
   const int64_t stages = x_.place.active() ? x_.place.stages : 0;
-  norms_ = Tensor::zeros(x_.dev, x_.compute, Shape{norm_slots_ + 1 + 4 * stages}, ScalarType::f32,
-                         MemCategory::other);
+  const int64_t slices = x_.tensor.active() ? x_.tensor.comm->size() : 0;
+  norms_ = Tensor::zeros(x_.dev, x_.compute, Shape{norm_slots_ + 1 + 4 * std::max(stages, slices)},
+                         ScalarType::f32, MemCategory::other);
 }
 
 float* OptimizerStep::state(int g, int k, bool other) const {
@@ -90,24 +91,22 @@ optim::GlobalNorm OptimizerStep::global_norm(float local) {
   return g;
 }
 
-// Every stage's (squared norm, loss) to every stage: an all-gather of their bits over the
-// pipeline communicator (4 floats per stage: two doubles), summed in stage order in double on
-// every rank alike, so every stage gets the same bits whatever the collective's arithmetic. A
-// non-finite stage norm makes the sum non-finite (the fp16 overflow check is global).
-std::pair<double, double> OptimizerStep::across_stages(double stage_sq, double loss) {
-  coll::Communicator& pipe = *x_.place.pipe;
-  const size_t P = static_cast<size_t>(x_.place.stages);
+// Every member's (squared norm, loss) to every member of `c` (the pipeline's stages, or a
+// tensor group): an all-gather of their bits (4 floats per member: two doubles), summed in member
+// order in double on every rank alike, so every member gets the same bits whatever the
+// collective's arithmetic. A non-finite member's norm makes the sum non-finite (the fp16
+// overflow check is global). Returns (the sum, the last member's loss).
+std::pair<double, double> OptimizerStep::exchange(coll::Communicator& c, double sq_mine, double loss) {
+  const size_t P = static_cast<size_t>(c.size());
   std::vector<double> all(2 * P, 0.0);
-  const double mine[2] = {stage_sq, loss};
-  std::memcpy(all.data() + 2 * static_cast<size_t>(pipe.rank()), mine, sizeof mine);
-  if (pipe.kind() == DeviceKind::cpu) {
-    pipe.all_gather(all.data() + 2 * static_cast<size_t>(pipe.rank()), all.data(),
-                    4, DType::f32).wait();
+  const double mine[2] = {sq_mine, loss};
+  std::memcpy(all.data() + 2 * static_cast<size_t>(c.rank()), mine, sizeof mine);
+  if (c.kind() == DeviceKind::cpu) {
+    c.all_gather(all.data() + 2 * static_cast<size_t>(c.rank()), all.data(), 4, DType::f32).wait();
   } else {
     float* area = norms_.data_as<float>() + norm_slots_ + 1;
-    x_.copy_now(area + 4 * static_cast<size_t>(pipe.rank()), mine, sizeof mine);
-    pipe.all_gather(area + 4 * static_cast<size_t>(pipe.rank()), area, 4, DType::f32,
-                    x_.compute_point()).wait();
+    x_.copy_now(area + 4 * static_cast<size_t>(c.rank()), mine, sizeof mine);
+    c.all_gather(area + 4 * static_cast<size_t>(c.rank()), area, 4, DType::f32, x_.compute_point()).wait();
     x_.copy_now(all.data(), area, all.size() * sizeof(double));
   }
   double sq = 0;
@@ -196,10 +195,21 @@ StepStats OptimizerStep::apply(double loss) {
   } else {
     norm = global_norm(static_cast<float>(local));
   }
+  // Stage 0 sums nothing over the data group (every rank has the whole gradient): `local` is
+  // this coordinate's norm already.
+  double coord_sq = x_.o.stage == 0 ? local : double{norm.squared};
+  if (x_.tensor.active()) {
+    // A tensor rank: each rank's slices plus, on rank 0, the replicated parameters make the
+    // norm of this stage's whole parameters. The loss is the same on every rank of the group.
+    coord_sq = exchange(*x_.tensor.comm, coord_sq, loss).first;
+    norm.squared = static_cast<float>(coord_sq);
+    norm.norm = std::sqrt(norm.squared);
+    norm.finite = std::isfinite(norm.squared);
+  }
   if (x_.place.active()) {
     // A pipeline stage: the norm and the overflow are the whole model's, and the loss is the
     // last stage's, on every stage (every copy of a tied parameter must take the same step).
-    const auto [sq, last_loss] = across_stages(x_.o.stage == 0 ? local : double{norm.squared}, loss);
+    const auto [sq, last_loss] = exchange(*x_.place.pipe, coord_sq, loss);
     norm.squared = static_cast<float>(sq);
     norm.norm = std::sqrt(norm.squared);
     norm.finite = std::isfinite(norm.squared);

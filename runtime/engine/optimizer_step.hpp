@@ -83,8 +83,9 @@ class OptimizerStep {
   // The sum over ranks of each rank's `local` squared norm, as optim::global_grad_norm gives it;
   // over a device communicator (NCCL) through a device scalar.
   optim::GlobalNorm global_norm(float local);
-  // A pipeline stage: (the sum of every stage's squared norm, the last stage's loss).
-  std::pair<double, double> across_stages(double stage_sq, double loss);
+  // Over a pipeline (stages) or a tensor group: (the sum of every member's squared norm, the
+  // last member's loss), the same bits on every member.
+  std::pair<double, double> exchange(coll::Communicator& c, double sq_mine, double loss);
   void adam_group(int g, const optim::AdamStep& as, const optim::AdamParams& base, bool ahead = false);
   void timed_adam(int g, const optim::AdamStep& as, const optim::AdamParams& hp, bool ahead);
 
