@@ -1,0 +1,239 @@
+// Checkpoints of tensor-parallel shards at the library level (no engine): a model's table is its
+// whole shapes at any degree; shards saved through whole_pieces by a data x tensor grid load back
+// at other degrees (4, 1) and other ZeRO partitions, element by element; a checkpoint without
+// strided pieces stays format version 1 byte for byte.
+//
+// The grid is emulated in one process with the building blocks save() is made of (begin_save,
+// write_rank_file per rank, commit_save), as helpers.hpp's FakeSave does. Values are a pure
+// function of (array, parameter, WHOLE element index), computed from the shard side with core's
+// param_slice_element, never from the pieces under test; exact in fp32, so every comparison is
+// exact.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include "models/gpt_tensor_parallel.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/checkpoint/slice_pieces.hpp"
+#include "tests/checkpoint/helpers.hpp"
+
+using namespace zero;
+using namespace zero::checkpoint;
+using namespace zero::checkpoint::test;
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+models::GptOptions options() {
+  models::GptOptions o;
+  o.shape = {2, 16, 4, 20, 8};  // layers, n_embd, heads, vocabulary, positions
+  return o;
+}
+
+// Tensor rank `rank` of `degree`'s parameter table: wte split by vocabulary rows (as the
+// tensor-parallel embedding will be), wpe unsliced, two tensor-parallel blocks (columns with
+// q | k | v blocks, rows, replicated LayerNorms and biases), ln_f replicated.
+std::vector<ParamSpec> shard_specs(int rank, int degree) {
+  const models::GptOptions o = options();
+  const int64_t V = o.shape.vocab_size, C = o.shape.n_embd, T = o.shape.seq_len;
+  std::vector<ParamSpec> p;
+  p.push_back({"wte.weight", Shape{V / degree, C}});
+  p.back().slice = {TensorSplit::sliced, Shape{V, C}, 0, 1, rank, degree};
+  p.push_back({"wpe.weight", Shape{T, C}});
+  for (int layer = 0; layer < o.shape.n_layer; ++layer)
+    models::add_tensor_parallel_block_params(p, o, layer, rank, degree);
+  p.push_back({"ln_f.weight", Shape{C}});
+  p.back().slice = {TensorSplit::replicated, Shape{C}, 0, 1, rank, degree};
+  for (const ParamSpec& s : p) check_param_slice(s);
+  return p;
+}
+
+std::vector<ParamInfo> table_of(std::vector<ParamSpec> specs) {
+  Model m;
+  m.params = std::move(specs);
+  return param_table(m);
+}
+
+// One rank of a data x tensor grid: its pieces of the whole parameters and, per array, its
+// shard values in piece order.
+struct GridRank {
+  std::vector<Piece> pieces;
+  std::vector<std::vector<float>> values;  // [array]
+};
+
+// Data rank `d` of `D` of tensor rank `t` of `degree`: the shard's parameters concatenated in
+// table order are cut into D nearly equal contiguous ranges (a partitioner without padding:
+// ranges straddle parameters and split rows). `saving`: parameters that are not sliced
+// (replicated, or unsliced like wpe here) are written by tensor rank 0 only: every tensor rank
+// holds all of them, and the tiling check refuses a second copy.
+GridRank grid_rank(int t, int degree, int d, int D, bool saving) {
+  const std::vector<ParamSpec> specs = shard_specs(t, degree);
+  int64_t total = 0;
+  for (const ParamSpec& s : specs) total += s.numel();
+  const int64_t lo = total * d / D, hi = total * (d + 1) / D;
+  GridRank g;
+  g.values.resize(array_names().size());
+  int64_t base = 0;
+  for (size_t p = 0; p < specs.size(); ++p) {
+    const ParamSpec& s = specs[p];
+    const int64_t a = std::max(lo, base), b = std::min(hi, base + s.numel());
+    base += s.numel();
+    if (a >= b) continue;
+    if (saving && s.slice.split != TensorSplit::sliced && t != 0) continue;
+    const int64_t first = a - (base - s.numel());
+    for (const Piece& piece : whole_pieces(s.slice, static_cast<int>(p), first, b - a))
+      g.pieces.push_back(piece);
+    for (size_t arr = 0; arr < array_names().size(); ++arr)
+      for (int64_t i = first; i < first + (b - a); ++i)
+        g.values[arr].push_back(value(static_cast<int>(arr), static_cast<int>(p),
+                                      param_slice_element(s, i)));
+  }
+  return g;
+}
+
+// Saves the grid (rank = d * degree + t: tensor fastest, as collectives/grid.hpp orders it).
+void save_grid(const std::string& dir, const std::string& tag, int degree, int D) {
+  const std::vector<ParamInfo> params = table_of(shard_specs(0, degree));
+  const int world = degree * D;
+  std::vector<GridRank> ranks;
+  std::vector<std::vector<ConstArray>> arrays(static_cast<size_t>(world));
+  std::vector<SaveRequest> requests;
+  for (int r = 0; r < world; ++r) ranks.push_back(grid_rank(r % degree, degree, r / degree, D, true));
+  for (int r = 0; r < world; ++r) {
+    for (size_t a = 0; a < array_names().size(); ++a)
+      arrays[static_cast<size_t>(r)].push_back(
+          {array_names()[a], ranks[static_cast<size_t>(r)].values[a].data()});
+    SaveRequest q;
+    q.params = params;
+    q.pieces = ranks[static_cast<size_t>(r)].pieces;
+    q.arrays = arrays[static_cast<size_t>(r)];
+    q.metadata = R"({"tensor": 2})";
+    q.block_elems = 7;  // tiny: runs straddle checksum blocks
+    requests.push_back(q);
+  }
+  const std::string tmp = begin_save(dir, tag);
+  const uint64_t id = 0x5eed;
+  for (int r = 0; r < world; ++r) write_rank_file(tmp, r, world, id, requests[static_cast<size_t>(r)]);
+  commit_save(dir, tag, world, id, requests[0]);
+}
+
+// Loads every rank of a degree x D grid and checks every element of every array.
+void check_grid(const std::string& dir, const std::string& tag, int degree, int D) {
+  const std::vector<ParamInfo> params = table_of(shard_specs(0, degree));
+  for (int t = 0; t < degree; ++t)
+    for (int d = 0; d < D; ++d) {
+      INFO("loading as tensor rank " << t << " of " << degree << ", data rank " << d << " of "
+                                     << D);
+      const GridRank want = grid_rank(t, degree, d, D, false);
+      const Loaded l = load_pieces(dir, tag, params, want.pieces);
+      for (size_t a = 0; a < array_names().size(); ++a) REQUIRE(l.values[a] == want.values[a]);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("tensor_parallel: the parameter table lists whole shapes at every degree and rank") {
+  const std::vector<ParamInfo> whole = table_of(shard_specs(0, 1));
+  CHECK(whole[0] == ParamInfo{"wte.weight", {20, 16}});
+  const auto find = [&](const std::string& name) {
+    return *std::find_if(whole.begin(), whole.end(), [&](const ParamInfo& p) { return p.name == name; });
+  };
+  CHECK(find("h.1.attn.c_attn.weight").shape == std::vector<int64_t>{16, 48});
+  CHECK(find("h.0.mlp.c_proj.weight").shape == std::vector<int64_t>{64, 16});
+  for (int degree : {2, 4})
+    for (int rank = 0; rank < degree; ++rank) {
+      const std::vector<ParamSpec> specs = shard_specs(rank, degree);
+      CHECK(specs[0].shape == Shape{20 / degree, 16});  // the shard itself is smaller
+      CHECK(table_of(specs) == whole);
+    }
+}
+
+TEST_CASE("tensor_parallel: shards saved at degree 2 x data 2 load at degrees 4 and 1") {
+  TempDir dir;
+  save_grid(dir.path, "tp2", 2, 2);
+  // Strided pieces make the manifest and the files that hold them version 2.
+  const std::string manifest = dir / "tp2/manifest.json";
+  const std::vector<char> text = read_bytes(manifest);
+  CHECK_THAT(std::string(text.begin(), text.end()), ContainsSubstring("\"version\": 2"));
+  for (int r = 0; r < 4; ++r) CHECK(read_bytes(dir / ("tp2/" + rank_file_name(r)))[8] == 2);
+
+  check_grid(dir.path, "tp2", 2, 2);  // as saved
+  check_grid(dir.path, "tp2", 2, 3);  // another ZeRO partition of the same shards
+  check_grid(dir.path, "tp2", 4, 1);  // degree 4, whole shards
+  check_grid(dir.path, "tp2", 4, 3);  // degree 4, partial ZeRO ranges
+  check_grid(dir.path, "tp2", 1, 1);  // the whole model on one rank
+  check_grid(dir.path, "tp2", 1, 4);  // whole model, plain ZeRO slicing
+
+  // A tensor rank other than 0 saving its copy of an unsliced parameter too: refused.
+  const std::vector<ParamInfo> params = table_of(shard_specs(0, 2));
+  const GridRank r0 = grid_rank(0, 2, 0, 1, false), r1 = grid_rank(1, 2, 0, 1, false);
+  std::vector<ConstArray> a0, a1;
+  for (size_t a = 0; a < array_names().size(); ++a) {
+    a0.push_back({array_names()[a], r0.values[a].data()});
+    a1.push_back({array_names()[a], r1.values[a].data()});
+  }
+  const SaveRequest q0{params, r0.pieces, a0}, q1{params, r1.pieces, a1};
+  const std::string tmp = begin_save(dir.path, "twice");
+  write_rank_file(tmp, 0, 2, 9, q0);
+  write_rank_file(tmp, 1, 2, 9, q1);
+  CHECK_THROWS_WITH(commit_save(dir.path, "twice", 2, 9, q0),
+                    ContainsSubstring("parameter 'wpe.weight' (128 elements): elements [0, 128) "
+                                      "are saved by rank 0 and by rank 1"));
+}
+
+TEST_CASE("tensor_parallel: a degree 4 save loads at degree 2 and exports the whole model") {
+  TempDir dir;
+  save_grid(dir.path, "tp4", 4, 1);
+  check_grid(dir.path, "tp4", 2, 1);
+  check_grid(dir.path, "tp4", 2, 2);
+  check_grid(dir.path, "tp4", 1, 1);
+  // export_safetensors reads whole parameters: the strided pieces are invisible to it.
+  const std::string out = dir / "master.safetensors";
+  export_safetensors(dir.path, "tp4", "master", out);
+  const std::vector<ParamInfo> params = table_of(shard_specs(0, 1));
+  const std::vector<std::vector<float>> got = import_safetensors(out, params);
+  for (size_t p = 0; p < params.size(); ++p)
+    for (int64_t e = 0; e < params[p].numel(); ++e)
+      REQUIRE(got[p][static_cast<size_t>(e)] == value(0, static_cast<int>(p), e));
+}
+
+TEST_CASE("tensor_parallel: without strided pieces a checkpoint is format version 1 bytes") {
+  // What builds before strided pieces wrote and read: every file version 1 with 24-byte piece
+  // entries, the manifest version 1 with [param, offset, count] pieces; and it loads.
+  TempDir dir;
+  const std::vector<ParamInfo> params = model_params();
+  FakeSave s;
+  s.params = params;
+  s.world = 2;
+  s.pieces = [params](int r) { return slicing(params, 2, r); };
+  s.run(dir.path, "v1");
+  const std::vector<char> m = read_bytes(dir / "v1/manifest.json");
+  const std::string text(m.begin(), m.end());
+  CHECK_THAT(text, ContainsSubstring("\"version\": 1"));
+  for (int r = 0; r < 2; ++r) {
+    const std::vector<char> b = read_bytes(dir / ("v1/" + rank_file_name(r)));
+    uint32_t version = 0, pieces = 0, arrays = 0, block = 0;
+    uint64_t numel = 0, table = 0;
+    std::memcpy(&version, &b[8], 4);
+    std::memcpy(&pieces, &b[24], 4);
+    std::memcpy(&arrays, &b[28], 4);
+    std::memcpy(&block, &b[32], 4);
+    std::memcpy(&numel, &b[56], 8);
+    std::memcpy(&table, &b[64], 8);
+    CHECK(version == 1);
+    uint64_t names = 0;
+    for (const std::string& n : array_names()) names += 4 + n.size();
+    const uint64_t blocks = (numel + block - 1) / block;
+    // docs/checkpoint-format.md's version 1 table: 24 bytes per piece, names, CRCs.
+    CHECK(table == pieces * 24u + (names + 3) / 4 * 4 + arrays * blocks * 4);
+    CHECK(pieces == slicing(params, 2, r).size());
+  }
+  const std::vector<Piece> all = slicing(params, 1, 0);
+  const Loaded l = load_pieces(dir.path, "v1", params, all);
+  for (size_t a = 0; a < array_names().size(); ++a)
+    CHECK(l.values[a] == values_for(all, static_cast<int>(a)));
+}
