@@ -121,7 +121,8 @@ std::string Coverage::build(std::span<const ParamInfo> params,
   by_param_.assign(params.size(), {});
   std::vector<size_t> runs(params.size(), 0);
   for (const std::vector<Piece>& file : files)
-    for (const Piece& p : file) runs.at(static_cast<size_t>(p.param)) += static_cast<size_t>(p.repeat);
+    for (const Piece& p : file)
+      runs.at(static_cast<size_t>(p.param)) += static_cast<size_t>(p.repeat);
   for (size_t i = 0; i < params.size(); ++i) by_param_[i].reserve(runs[i]);
   for (size_t f = 0; f < files.size(); ++f) {
     uint64_t pos = 0;

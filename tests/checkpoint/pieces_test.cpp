@@ -162,7 +162,8 @@ TEST_CASE("pieces: locate of strided and plain wants matches an element-by-eleme
       for (uint64_t k = 0; k < run.count; ++k) got.at(run.dst + k) = {run.file, run.src + k};
     for (int64_t r = 0, i = 0; r < want.repeat; ++r)
       for (int64_t e = 0; e < want.count; ++e, ++i)
-        CHECK(got[static_cast<size_t>(i)] == where.at({want.param, want.offset + r * want.stride + e}));
+        CHECK(got[static_cast<size_t>(i)] ==
+              where.at({want.param, want.offset + r * want.stride + e}));
   };
   check({0, 0, 72});
   check({0, 3, 6, 6, 12});   // columns [3, 9): across all three saved column pieces

@@ -35,7 +35,8 @@ void save_grid(const std::string& dir, const std::string& tag, int degree, int D
   std::vector<GridRank> ranks;
   std::vector<std::vector<ConstArray>> arrays(static_cast<size_t>(world));
   std::vector<SaveRequest> requests;
-  for (int r = 0; r < world; ++r) ranks.push_back(grid_rank(r % degree, degree, r / degree, D, true));
+  for (int r = 0; r < world; ++r)
+    ranks.push_back(grid_rank(r % degree, degree, r / degree, D, true));
   for (int r = 0; r < world; ++r) {
     for (size_t a = 0; a < array_names().size(); ++a)
       arrays[static_cast<size_t>(r)].push_back(
@@ -50,14 +51,15 @@ void save_grid(const std::string& dir, const std::string& tag, int degree, int D
   }
   const std::string tmp = begin_save(dir, tag);
   const uint64_t id = 0x5eed;
-  for (int r = 0; r < world; ++r) write_rank_file(tmp, r, world, id, requests[static_cast<size_t>(r)]);
+  for (int r = 0; r < world; ++r)
+    write_rank_file(tmp, r, world, id, requests[static_cast<size_t>(r)]);
   commit_save(dir, tag, world, id, requests[0]);
   // The start-up size check's figure is exact for the rank file, strided pieces included.
   for (int r = 0; r < world; ++r) {
     const uint64_t have = read_bytes(dir + "/" + tag + "/" + rank_file_name(r)).size();
-    CHECK(checkpoint::detail::rank_file_bytes(requests[static_cast<size_t>(r)].pieces, array_names(), 7) ==
-          have);
-    CHECK(save_bytes(requests[static_cast<size_t>(r)], r) > have);
+    const SaveRequest& q = requests[static_cast<size_t>(r)];
+    CHECK(checkpoint::detail::rank_file_bytes(q.pieces, array_names(), 7) == have);
+    CHECK(save_bytes(q, r) > have);
   }
 }
 
@@ -80,7 +82,8 @@ TEST_CASE("tensor_parallel: the parameter table lists whole shapes at every degr
   const std::vector<ParamInfo> whole = table_of(shard_specs(0, 1));
   CHECK(whole[0] == ParamInfo{"wte.weight", {20, 16}});
   const auto find = [&](const std::string& name) {
-    return *std::find_if(whole.begin(), whole.end(), [&](const ParamInfo& p) { return p.name == name; });
+    return *std::find_if(whole.begin(), whole.end(),
+                         [&](const ParamInfo& p) { return p.name == name; });
   };
   CHECK(find("h.1.attn.c_attn.weight").shape == std::vector<int64_t>{16, 48});
   CHECK(find("h.0.mlp.c_proj.weight").shape == std::vector<int64_t>{64, 16});

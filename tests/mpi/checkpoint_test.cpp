@@ -174,10 +174,9 @@ TEST_CASE("checkpoint: tensor-parallel shards saved collectively re-slice to oth
 
   // Each rank loads its own part at degree 4 (data 1) and at degree 1 (data = world): other
   // tensor degrees, other ZeRO partitions.
-  const int t4 = rank % 4;
-  for (const auto& [t, deg, d, D] : {std::array<int, 4>{t4, 4, 0, 1},
-                                     std::array<int, 4>{0, 1, rank, world},
-                                     std::array<int, 4>{rank % degree, degree, rank / degree, data}}) {
+  using Place = std::array<int, 4>;  // tensor rank, degree, data rank, data size
+  for (const auto& [t, deg, d, D] : {Place{rank % 4, 4, 0, 1}, Place{0, 1, rank, world},
+                                     Place{rank % degree, degree, rank / degree, data}}) {
     INFO("tensor rank " << t << " of " << deg << ", data rank " << d << " of " << D);
     const GridRank want = grid_rank(t, deg, d, D, false);
     const Loaded l = load_pieces(dir.path, "tp", params, want.pieces);
