@@ -1,12 +1,14 @@
 // Checkpoints of partitioned model state: the face of runtime/checkpoint. The format, byte by
 // byte, and the crash-safety protocol are specified in docs/checkpoint-format.md.
 //
-// What is saved. A model is a table of parameters (name, shape). Each rank owns disjoint
-// PIECES (parameter, element offset within it, count) that together cover every element of
-// every parameter exactly once over all ranks (ZeRO stage 1-3: the partitioner's pieces; stage
-// 0: rank 0 owns everything, the other ranks nothing). For every named fp32 state array
-// ("master", "exp_avg", "exp_avg_sq", ...) a rank holds its values concatenated in its piece
-// order: piece i occupies elements [sum of counts before i, + count_i) of every array.
+// What is saved. A model is a table of parameters (name, whole shape). Each rank owns disjoint
+// PIECES (parameter, element offset within it, count; strided: repeat runs `stride` apart) that
+// together cover every element of every parameter exactly once over all ranks (ZeRO stage 1-3:
+// the partitioner's pieces; stage 0: rank 0 owns everything, the other ranks nothing; tensor
+// parallelism: a shard's range mapped to the whole parameter by whole_pieces()). For every named
+// fp32 state array ("master", "exp_avg", "exp_avg_sq", ...) a rank holds its values concatenated
+// in its piece order: piece i occupies elements [sum of lengths before i, + length_i) of every
+// array.
 //
 //   dir/
 //     latest                  the newest tag, one line (replaced atomically)
@@ -16,8 +18,10 @@
 //       COMPLETE              the completion marker (holds the manifest's checksum)
 //
 // Re-slicing. load() is given the pieces this rank wants now, in any slicing (another world size,
-// another ZeRO stage): it finds, through the manifest, which saved rank files hold those elements
-// and reads only those byte ranges (pread), so a resume reads each byte about once over all ranks.
+// another ZeRO stage, another tensor-parallel degree): it finds, through the manifest, which
+// saved rank files hold those elements and reads only those byte ranges (pread), so a resume
+// reads each byte about once over all ranks (each rank reads whole checksum blocks, so when
+// another tensor degree makes ranks split the rows of one saved block, each of them reads it).
 //
 // Shared filesystem. With ranks on several hosts, `dir` must be the same shared filesystem on
 // every host (NFS, Lustre, GPFS, ...): rank 0 writes the manifest after checking that it sees
@@ -45,8 +49,10 @@ class Communicator;
 
 namespace zero::checkpoint {
 
-// The version this build writes and the newest it reads (rank files and manifest alike).
-inline constexpr uint32_t kFormatVersion = 1;
+// The newest version this build reads (rank files and manifest alike). It writes version 1 (the
+// original format, readable by older builds) for a rank file without strided pieces and a
+// checkpoint without any, else version 2 (docs/checkpoint-format.md, "Versioning").
+inline constexpr uint32_t kFormatVersion = 2;
 // Elements per checksum block of a rank file's arrays (1 MiB of fp32): a load reads and verifies
 // whole blocks, so this bounds the bytes read beyond what a piece needs.
 inline constexpr uint32_t kDefaultBlockElems = 1u << 18;
@@ -57,18 +63,30 @@ struct ParamInfo {
   int64_t numel() const noexcept;
   friend bool operator==(const ParamInfo&, const ParamInfo&) = default;
 };
-// The parameter table of a model, in its canonical order (ParamSpec name and shape).
+// The parameter table of a model, in its canonical order: each ParamSpec's name and WHOLE shape
+// (slice.full for a tensor-parallel sliced or replicated parameter, else its shape), so every
+// tensor rank, at any tensor-parallel degree, lists the same table.
 std::vector<ParamInfo> param_table(const Model& model);
 
-// Elements [offset, offset + count) of parameter `param` (an index into the parameter table).
+// Elements of parameter `param` (an index into the parameter table), row-major: `repeat` runs of
+// `count` elements, run r being [offset + r * stride, + count), in that order. With repeat 1
+// (the default) it is the contiguous range [offset, offset + count) and `stride` is ignored (not
+// stored; read back as 0). With repeat > 1 the runs must not overlap (stride >= count) and all
+// lie inside the parameter. A strided piece is how a tensor-parallel shard's range looks in the
+// whole parameter (slice_pieces.hpp): one piece for what would be millions of contiguous ones.
 struct Piece {
   int param = -1;
   int64_t offset = 0;
   int64_t count = 0;
+  int64_t repeat = 1;
+  int64_t stride = 0;
+  // The piece's elements, i.e. its length in every array: repeat * count.
+  int64_t length() const noexcept { return repeat * count; }
+  bool strided() const noexcept { return repeat > 1; }
   friend bool operator==(const Piece&, const Piece&) = default;
 };
 
-// A named fp32 array of sum(piece counts) elements, owned by the caller, valid for the call
+// A named fp32 array of sum(piece lengths) elements, owned by the caller, valid for the call
 // (data may be null when the rank has no pieces).
 struct ConstArray {
   std::string name;

@@ -25,10 +25,12 @@ namespace fs = std::filesystem;
 constexpr std::string_view kProbePrefix = ".zero-probe.";
 
 // Generous upper bounds of manifest.json's text (written with one space of indentation per
-// level): a piece is three integers of at most 20 digits on their own indented lines; a
-// parameter its name (JSON-escaped: at most 6 bytes per byte) and its dimensions.
+// level): a piece is three integers (five when strided) of at most 20 digits on their own
+// indented lines; a parameter its name (JSON-escaped: at most 6 bytes per byte) and its
+// dimensions.
 constexpr uint64_t kManifestFixedBytes = 1024;
 constexpr uint64_t kManifestPerPiece = 128;
+constexpr uint64_t kManifestPerStridedPiece = 192;
 constexpr uint64_t kManifestPerRank = 256;
 constexpr uint64_t kManifestPerParam = 96;
 constexpr uint64_t kManifestPerDim = 32;
@@ -40,10 +42,9 @@ constexpr uint64_t kSmallFilesBytes = 128 + 256;
 uint64_t save_bytes(const SaveRequest& request, int rank) {
   std::vector<std::string> names;
   for (const ConstArray& a : request.arrays) names.push_back(a.name);
-  uint64_t numel = 0;
-  for (const Piece& p : request.pieces) numel += static_cast<uint64_t>(p.count);
-  uint64_t bytes = rank_file_bytes(request.pieces.size(), numel, names, request.block_elems) +
-                   kManifestPerRank + kManifestPerPiece * request.pieces.size();
+  uint64_t bytes = rank_file_bytes(request.pieces, names, request.block_elems) + kManifestPerRank;
+  for (const Piece& p : request.pieces)
+    bytes += p.strided() ? kManifestPerStridedPiece : kManifestPerPiece;
   if (rank == 0) {
     bytes += kManifestFixedBytes + kSmallFilesBytes + 8 * request.metadata.size();
     for (const ParamInfo& p : request.params)

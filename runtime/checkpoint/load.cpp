@@ -278,7 +278,7 @@ LoadResult load(const std::string& dir, const std::string& tag, const LoadReques
   for (const Piece& p : request.pieces) {
     for (const Coverage::Run& r : coverage.locate(p))
       plan.push_back({r.file, r.src, dst + r.dst, r.count});
-    dst += static_cast<uint64_t>(p.count);
+    dst += static_cast<uint64_t>(p.length());
   }
   std::sort(plan.begin(), plan.end(), [](const Copy& a, const Copy& b) {
     return a.file != b.file ? a.file < b.file : a.src < b.src;
@@ -337,13 +337,17 @@ LoadResult load(const std::string& dir, const std::string& tag, const LoadReques
         const uint64_t at = merged[k].dst + static_cast<uint64_t>(bad);
         uint64_t start = 0;
         size_t p = 0;
-        while (p + 1 < request.pieces.size() && start + static_cast<uint64_t>(request.pieces[p].count) <= at)
-          start += static_cast<uint64_t>(request.pieces[p++].count);
+        while (p + 1 < request.pieces.size() &&
+               start + static_cast<uint64_t>(request.pieces[p].length()) <= at)
+          start += static_cast<uint64_t>(request.pieces[p++].length());
         const Piece& piece = request.pieces[p];
+        // Element `at - start` of the piece: run (at - start) / count of it.
+        const int64_t in = static_cast<int64_t>(at - start);
+        const int64_t element = piece.offset + (in / piece.count) * piece.stride + in % piece.count;
         ZERO_FAIL("checkpoint rank file " + io::quote(path) + ": array '" + request.arrays[a].name +
                   "' holds a non-finite value (" + std::to_string(out[bad]) + ") for parameter '" +
                   request.params[static_cast<size_t>(piece.param)].name + "' at element " +
-                  std::to_string(piece.offset + static_cast<int64_t>(at - start)) +
+                  std::to_string(element) +
                   "\nHINT: the checkpoint was saved from a run that had diverged, or it was "
                   "altered; resume from an earlier checkpoint (name it in " +
                   io::quote(join(dir, kLatestName)) + ")");

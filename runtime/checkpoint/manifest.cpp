@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "runtime/checkpoint/file_io.hpp"
+#include "runtime/checkpoint/pieces.hpp"
 #include "core/error.hpp"
 
 namespace zero::checkpoint::detail {
@@ -82,7 +83,15 @@ std::string manifest_to_json(const Manifest& m) {
   Json files = Json::array();
   for (const Manifest::RankEntry& f : m.files) {
     Json pieces = Json::array();
-    for (const Piece& p : f.pieces) pieces.push_back({p.param, p.offset, p.count});
+    for (const Piece& p : f.pieces) {
+      ZERO_REQUIRE(!p.strided() || m.version >= 2,
+                   "checkpoint: a manifest holding strided pieces must be version 2");
+      // repeat and stride only for a strided piece: without one the manifest is version 1's.
+      if (p.strided())
+        pieces.push_back({p.param, p.offset, p.count, p.repeat, p.stride});
+      else
+        pieces.push_back({p.param, p.offset, p.count});
+    }
     files.push_back({{"rank", f.rank},
                      {"file", f.file},
                      {"bytes", f.bytes},
@@ -160,15 +169,26 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
     uint64_t sum = 0;
     for (size_t k = 0; k < pieces.size(); ++k) {
       const std::string pw = where + ".pieces[" + std::to_string(k) + "]";
-      if (!pieces[k].is_array() || pieces[k].size() != 3)
-        r.fail(pw, "is not [param, offset, count]");
+      // Version 1: [param, offset, count]; version 2 also [param, offset, count, repeat,
+      // stride] with repeat >= 2 (a strided piece).
+      const bool v2 = m.version >= 2;
+      if (!pieces[k].is_array() || !(pieces[k].size() == 3 || (v2 && pieces[k].size() == 5)))
+        r.fail(pw, v2 ? "is not [param, offset, count] or [param, offset, count, repeat, stride]"
+                      : "is not [param, offset, count]");
       Piece p;
       p.param = static_cast<int>(
           r.integer(pieces[k][0], pw + "[0]", 0, static_cast<int64_t>(m.params.size()) - 1));
       const int64_t numel = m.params[static_cast<size_t>(p.param)].numel();
       p.offset = r.integer(pieces[k][1], pw + "[1]", 0, numel - 1);
       p.count = r.integer(pieces[k][2], pw + "[2]", 1, numel - p.offset);
-      sum += static_cast<uint64_t>(p.count);
+      if (pieces[k].size() == 5) {
+        p.repeat = r.integer(pieces[k][3], pw + "[3]", 2, numel);
+        p.stride = r.integer(pieces[k][4], pw + "[4]", p.count, numel);
+        const Piece one[1] = {p};
+        if (const std::string e = pieces_error(m.params, one); !e.empty())
+          r.fail(pw, "is invalid: " + e);
+      }
+      sum += static_cast<uint64_t>(p.length());
       f.pieces.push_back(p);
     }
     if (sum != f.numel)

@@ -17,7 +17,7 @@ namespace zero::checkpoint::detail {
 inline constexpr std::string_view kManifestMagic = "zero-checkpoint";
 
 struct Manifest {
-  uint32_t version = kFormatVersion;
+  uint32_t version = 1;  // 2 when a file holds a strided piece (pieces_version)
   std::string tag;
   uint64_t save_id = 0;
   int world_size = 0;

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "runtime/checkpoint/crc32c.hpp"
+#include "runtime/checkpoint/pieces.hpp"
 #include "core/error.hpp"
 
 namespace zero::checkpoint::detail {
@@ -56,9 +57,14 @@ uint64_t get64(const unsigned char* p) {
   return v;
 }
 
+uint64_t piece_entry_bytes(uint32_t version) {
+  return version >= 2 ? kPieceEntryBytesV2 : kPieceEntryBytesV1;
+}
+
 // Bytes of the table for these counts and names.
-uint64_t table_bytes_for(uint64_t pieces, uint64_t name_bytes, uint64_t arrays, uint64_t blocks) {
-  return pieces * kPieceEntryBytes + align_up(name_bytes, 4) + arrays * blocks * 4;
+uint64_t table_bytes_for(uint64_t pieces, uint32_t version, uint64_t name_bytes, uint64_t arrays,
+                         uint64_t blocks) {
+  return pieces * piece_entry_bytes(version) + align_up(name_bytes, 4) + arrays * blocks * 4;
 }
 
 [[noreturn]] void corrupt(const io::File& f, const std::string& what) {
@@ -86,13 +92,15 @@ uint64_t param_table_hash(std::span<const ParamInfo> params) {
   return h;
 }
 
-uint64_t rank_file_bytes(uint64_t piece_count, uint64_t numel,
-                         std::span<const std::string> array_names, uint32_t block_elems) {
+uint64_t rank_file_bytes(std::span<const Piece> pieces, std::span<const std::string> array_names,
+                         uint32_t block_elems) {
   ZERO_REQUIRE(block_elems > 0, "checkpoint: block_elems must be > 0");
+  const uint64_t numel = total_count(pieces);
   const uint64_t blocks = numel == 0 ? 0 : (numel - 1) / block_elems + 1;
   uint64_t name_bytes = 0;
   for (const std::string& n : array_names) name_bytes += 4 + n.size();
-  const uint64_t table = table_bytes_for(piece_count, name_bytes, array_names.size(), blocks);
+  const uint64_t table = table_bytes_for(pieces.size(), pieces_version(pieces), name_bytes,
+                                         array_names.size(), blocks);
   return align_up(kRankHeaderBytes + table, kDataAlign) +
          array_names.size() * align_up(numel * sizeof(float), kDataAlign);
 }
@@ -101,9 +109,11 @@ void write_rank_file_at(const std::string& path, int rank, int world_size, uint6
                         uint64_t param_hash, std::span<const Piece> pieces,
                         std::span<const ConstArray> arrays, uint32_t block_elems) {
   ZERO_REQUIRE(block_elems > 0, "checkpoint: block_elems must be > 0");
-  uint64_t numel = 0;
-  for (const Piece& p : pieces) numel += static_cast<uint64_t>(p.count);
+  const uint64_t numel = total_count(pieces);
   const uint64_t blocks = numel == 0 ? 0 : (numel - 1) / block_elems + 1;
+  // Version 1 unless a piece is strided: a checkpoint without tensor-parallel slicing stays
+  // readable by builds that predate strided pieces.
+  const uint32_t version = pieces_version(pieces);
 
   // The block checksums come first: the table that holds them precedes the data.
   std::vector<unsigned char> table;
@@ -112,6 +122,9 @@ void write_rank_file_at(const std::string& path, int rank, int world_size, uint6
     append32(table, 0);
     append64(table, static_cast<uint64_t>(p.offset));
     append64(table, static_cast<uint64_t>(p.count));
+    if (version < 2) continue;
+    append64(table, static_cast<uint64_t>(p.repeat));
+    append64(table, p.strided() ? static_cast<uint64_t>(p.stride) : 0);
   }
   uint64_t name_bytes = 0;
   for (const ConstArray& a : arrays) {
@@ -126,13 +139,14 @@ void write_rank_file_at(const std::string& path, int rank, int world_size, uint6
       const uint64_t n = std::min<uint64_t>(block_elems, numel - first);
       append32(table, crc32c(a.data + first, n * sizeof(float)));
     }
-  ZERO_REQUIRE(table.size() == table_bytes_for(pieces.size(), name_bytes, arrays.size(), blocks),
-               "checkpoint: rank file table size mismatch");
+  ZERO_REQUIRE(
+      table.size() == table_bytes_for(pieces.size(), version, name_bytes, arrays.size(), blocks),
+      "checkpoint: rank file table size mismatch");
 
   const uint64_t data_offset = align_up(kRankHeaderBytes + table.size(), kDataAlign);
   std::vector<unsigned char> head(kRankHeaderBytes, 0);
   std::memcpy(&head[kMagic], kRankMagic, 8);
-  put32(head, kVersion, kFormatVersion);
+  put32(head, kVersion, version);
   put32(head, kHeaderBytes, kRankHeaderBytes);
   put32(head, kRank, static_cast<uint32_t>(rank));
   put32(head, kWorldSize, static_cast<uint32_t>(world_size));
@@ -212,15 +226,23 @@ RankFileHeader read_rank_header(const io::File& f) {
   const auto need = [&](uint64_t n, const char* what) {
     if (n > table.size() - at) corrupt(f, std::string("the table is too short for ") + what);
   };
-  need(piece_count * kPieceEntryBytes, "its pieces");
+  const uint64_t entry = piece_entry_bytes(h.version);
+  need(piece_count * entry, "its pieces");
   uint64_t sum = 0;
   h.pieces.reserve(piece_count);
-  for (uint64_t i = 0; i < piece_count; ++i, at += kPieceEntryBytes) {
-    const Piece p{static_cast<int>(get32(&table[at])), static_cast<int64_t>(get64(&table[at + 8])),
-                  static_cast<int64_t>(get64(&table[at + 16]))};
-    if (p.param < 0 || p.offset < 0 || p.count <= 0)
+  for (uint64_t i = 0; i < piece_count; ++i, at += entry) {
+    Piece p{static_cast<int>(get32(&table[at])), static_cast<int64_t>(get64(&table[at + 8])),
+            static_cast<int64_t>(get64(&table[at + 16]))};
+    if (h.version >= 2) {
+      p.repeat = static_cast<int64_t>(get64(&table[at + 24]));
+      p.stride = p.repeat == 1 ? 0 : static_cast<int64_t>(get64(&table[at + 32]));
+    }
+    int64_t length = 0;
+    if (p.param < 0 || p.offset < 0 || p.count <= 0 || p.repeat < 1 ||
+        (p.strided() && p.stride < p.count) || __builtin_mul_overflow(p.repeat, p.count, &length))
       corrupt(f, "piece " + std::to_string(i) + " is invalid");
-    sum += static_cast<uint64_t>(p.count);
+    sum += static_cast<uint64_t>(length);
+    if (sum > (uint64_t{1} << 61)) corrupt(f, "its pieces hold more than 2^61 elements");
     h.pieces.push_back(p);
   }
   if (sum != h.numel)
@@ -237,10 +259,11 @@ RankFileHeader read_rank_header(const io::File& f) {
     name_bytes += 4 + uint64_t{len};
   }
   const uint64_t blocks = h.blocks();
-  if (table_bytes != table_bytes_for(piece_count, name_bytes, array_count, blocks))
+  const uint64_t needed = table_bytes_for(piece_count, h.version, name_bytes, array_count, blocks);
+  if (table_bytes != needed)
     corrupt(f, "the table has " + std::to_string(table_bytes) + " bytes, its contents need " +
-                   std::to_string(table_bytes_for(piece_count, name_bytes, array_count, blocks)));
-  at = static_cast<size_t>(piece_count * kPieceEntryBytes + align_up(name_bytes, 4));
+                   std::to_string(needed));
+  at = static_cast<size_t>(piece_count * entry + align_up(name_bytes, 4));
   h.block_crc.assign(array_count, std::vector<uint32_t>(blocks));
   for (uint64_t a = 0; a < array_count; ++a)
     for (uint64_t b = 0; b < blocks; ++b, at += 4) h.block_crc[a][b] = get32(&table[at]);

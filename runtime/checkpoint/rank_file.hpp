@@ -24,19 +24,22 @@ namespace zero::checkpoint::detail {
 inline constexpr char kRankMagic[8] = {'Z', 'E', 'R', 'O', 'C', 'K', 'P', 'T'};
 inline constexpr uint32_t kRankHeaderBytes = 128;  // the fixed header
 inline constexpr uint32_t kDataAlign = 64;         // arrays start at multiples of this
-inline constexpr uint32_t kPieceEntryBytes = 24;   // u32 param, u32 zero, u64 offset, u64 count
+// A piece in the table: version 1 has u32 param, u32 zero, u64 offset, u64 count; version 2
+// (written when the file holds a strided piece) adds u64 repeat, u64 stride (0 when repeat is 1).
+inline constexpr uint32_t kPieceEntryBytesV1 = 24;
+inline constexpr uint32_t kPieceEntryBytesV2 = 40;
 
 // The identity of a parameter table: FNV-1a over each parameter's name and dimensions.
 uint64_t param_table_hash(std::span<const ParamInfo> params);
 
 struct RankFileHeader {
-  uint32_t version = 0;
+  uint32_t version = 0;  // 1, or 2 when a piece is strided
   int rank = 0;
   int world_size = 0;
   uint32_t block_elems = 0;
   uint64_t save_id = 0;
   uint64_t param_hash = 0;
-  uint64_t numel = 0;  // elements per array = sum of piece counts
+  uint64_t numel = 0;  // elements per array = sum of piece lengths
   std::vector<Piece> pieces;
   std::vector<std::string> arrays;
   std::vector<std::vector<uint32_t>> block_crc;  // [array][block]
@@ -47,13 +50,13 @@ struct RankFileHeader {
   uint64_t blocks() const noexcept { return numel == 0 ? 0 : (numel - 1) / block_elems + 1; }
 };
 
-// The exact size of the rank file write_rank_file_at writes for `piece_count` pieces of `numel`
-// elements in all, and these array names.
-uint64_t rank_file_bytes(uint64_t piece_count, uint64_t numel,
-                         std::span<const std::string> array_names, uint32_t block_elems);
+// The exact size of the rank file write_rank_file_at writes for these pieces and array names.
+uint64_t rank_file_bytes(std::span<const Piece> pieces, std::span<const std::string> array_names,
+                         uint32_t block_elems);
 
-// Writes the file at `path` (created or truncated), fsyncs and closes it. The pieces and arrays
-// must have been validated (counts > 0, inside their parameters; arrays hold sum(counts) floats).
+// Writes the file at `path` (created or truncated), fsyncs and closes it, in format version
+// pieces_version(pieces). The pieces and arrays must have been validated (pieces_error; arrays
+// hold sum(lengths) floats).
 void write_rank_file_at(const std::string& path, int rank, int world_size, uint64_t save_id,
                         uint64_t param_hash, std::span<const Piece> pieces,
                         std::span<const ConstArray> arrays, uint32_t block_elems);

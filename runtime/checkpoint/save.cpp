@@ -2,6 +2,7 @@
 // crash at each step leaves behind) is docs/checkpoint-format.md, "Atomicity".
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -234,6 +235,10 @@ void commit_save(const std::string& dir, const std::string& tag, int world_size,
       if (h.save_id != save_id) mismatch("belongs to another save (its save id differs)");
       if (h.param_hash != hash) mismatch("was written for another parameter table");
       if (h.arrays != m.arrays) mismatch("holds other arrays than rank 0's");
+      if (const std::string e = pieces_error(request.params, h.pieces); !e.empty())
+        mismatch("holds a piece that does not fit the parameter table: " + e);
+      // The manifest is version 2 as soon as one file is (holds a strided piece).
+      m.version = std::max(m.version, h.version);
       m.files.push_back({r, name, h.file_bytes, h.numel, h.pieces});
       pieces.push_back(std::move(h.pieces));
     }

@@ -118,11 +118,11 @@ TEST_CASE("corruption: damaged rank files are named, with what is wrong") {
   }
   SECTION("a newer format version") {
     std::vector<char> b = read_bytes(s.rank1);
-    b[8] = 2;
+    b[8] = 3;
     write_bytes(s.rank1, b);
     CHECK_THROWS_WITH(s.load_all(),
                       ContainsSubstring("rank_00001.bin") &&
-                          ContainsSubstring("format version 2, newer than this build reads (1)") &&
+                          ContainsSubstring("format version 3, newer than this build reads (2)") &&
                           ContainsSubstring("HINT: load it with the newer zero build"));
   }
   SECTION("a missing rank file") {
@@ -172,10 +172,10 @@ TEST_CASE("corruption: damaged markers and manifests are named") {
                                         ContainsSubstring(s.manifest));
   }
   SECTION("a newer manifest version") {
-    s.rewrite_manifest("\"version\": 1", "\"version\": 2");
+    s.rewrite_manifest("\"version\": 1", "\"version\": 3");
     CHECK_THROWS_WITH(s.load_all(), ContainsSubstring(s.manifest) &&
-                                        ContainsSubstring("format version 2, newer than this "
-                                                          "build reads (1)"));
+                                        ContainsSubstring("format version 3, newer than this "
+                                                          "build reads (2)"));
   }
   SECTION("wrong manifest magic") {
     s.rewrite_manifest("\"zero-checkpoint\"", "\"zero-chekpoint\"");

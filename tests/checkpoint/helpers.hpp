@@ -102,7 +102,9 @@ inline std::vector<float> values_for(const std::vector<Piece>& pieces, int array
                                      float shift = 0.0f) {
   std::vector<float> v;
   for (const Piece& p : pieces)
-    for (int64_t e = 0; e < p.count; ++e) v.push_back(value(array, p.param, p.offset + e) + shift);
+    for (int64_t r = 0; r < p.repeat; ++r)
+      for (int64_t e = 0; e < p.count; ++e)
+        v.push_back(value(array, p.param, p.offset + r * p.stride + e) + shift);
   return v;
 }
 
@@ -161,7 +163,7 @@ inline Loaded load_pieces(const std::string& dir, const std::string& tag,
                           const std::vector<std::string>& names = array_names()) {
   Loaded l;
   int64_t n = 0;
-  for (const Piece& p : pieces) n += p.count;
+  for (const Piece& p : pieces) n += p.length();
   // NaN-filled: an element the load forgot to write cannot pass for a value.
   l.values.assign(names.size(), std::vector<float>(static_cast<size_t>(n), std::nanf("")));
   std::vector<Array> arrays;

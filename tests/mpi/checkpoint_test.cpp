@@ -2,16 +2,19 @@
 // then loads another slicing (that of 3 ranks, and small dealt pieces) and checks every value;
 // a stage-0-style save (rank 0 owns everything) reloads sliced; a rank with another model or an
 // invalid request makes save() fail on every rank, naming that rank, with the ranks still in
-// step afterwards; overwriting a tag collectively.
+// step afterwards; overwriting a tag collectively; tensor-parallel shards of a data x tensor
+// grid saved through whole_pieces, reloaded at other tensor degrees.
 //
 // Values are exact (helpers.hpp): comparisons are exact, unwritten elements stay NaN and fail.
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <array>
 #include <filesystem>
 
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "tests/checkpoint/helpers.hpp"
+#include "tests/checkpoint/tensor_parallel_helpers.hpp"
 #include "tests/mpi/mpi_fixture.hpp"
 
 using namespace zero;
@@ -151,4 +154,33 @@ TEST_CASE("checkpoint: a rank at fault fails save() on every rank, naming it") {
   // The ranks are still in step: a good save works.
   save(dir.path, "good", comm(), mine.request(params));
   check_load(dir.path, "good", params, slicing(params, 2, rank % 2));
+}
+
+TEST_CASE("checkpoint: tensor-parallel shards saved collectively re-slice to other degrees") {
+  // The world as a data x tensor grid (tensor fastest): degree 2 when there are 2 or 4 ranks.
+  // Every rank passes the same whole-shape table (param_table of its own shard specs), which
+  // save() checks by hash; non-sliced parameters are saved by tensor rank 0 only.
+  SharedDir dir;
+  const int rank = comm().rank(), world = comm().size();
+  const int degree = world >= 2 ? 2 : 1, data = world / degree;
+  Model shard;
+  shard.params = shard_specs(rank % degree, degree);
+  const std::vector<ParamInfo> params = param_table(shard);
+  const GridRank mine = grid_rank(rank % degree, degree, rank / degree, data, true);
+  std::vector<ConstArray> arrays;
+  for (size_t a = 0; a < array_names().size(); ++a)
+    arrays.push_back({array_names()[a], mine.values[a].data()});
+  save(dir.path, "tp", comm(), {params, mine.pieces, arrays, "{}", 7});
+
+  // Each rank loads its own part at degree 4 (data 1) and at degree 1 (data = world): other
+  // tensor degrees, other ZeRO partitions.
+  using Place = std::array<int, 4>;  // tensor rank, degree, data rank, data size
+  for (const auto& [t, deg, d, D] : {Place{rank % 4, 4, 0, 1}, Place{0, 1, rank, world},
+                                     Place{rank % degree, degree, rank / degree, data}}) {
+    INFO("tensor rank " << t << " of " << deg << ", data rank " << d << " of " << D);
+    const GridRank want = grid_rank(t, deg, d, D, false);
+    const Loaded l = load_pieces(dir.path, "tp", params, want.pieces);
+    CHECK(l.result.saved_world_size == world);
+    for (size_t a = 0; a < array_names().size(); ++a) REQUIRE(l.values[a] == want.values[a]);
+  }
 }
