@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/checkpoint/slice_pieces.hpp"
 #include "runtime/engine/checkpoint_layout.hpp"
 #include "runtime/engine/engine_state.hpp"
 
@@ -67,13 +68,25 @@ void agree(coll::Communicator& comm, const std::string& what, const std::string&
 std::vector<checkpoint::ParamInfo> checkpoint_table(const Model& model, const engine::Context& x,
                                                     coll::Communicator& host_comm, const std::string& what,
                                                     nlohmann::json* info) {
+  // With tensor slices the tensor ranks of a data index are more holders of the same (whole)
+  // table: host_comm spans them too.
+  const int T = x.tensor.active() ? x.tensor.comm->size() : 1;
+  const int t = x.tensor.active() ? x.tensor.comm->rank() : 0;
   if (!x.place.active()) {
-    ZERO_REQUIRE(host_comm.kind() == DeviceKind::cpu && host_comm.size() == x.world,
+    ZERO_REQUIRE(host_comm.kind() == DeviceKind::cpu && host_comm.size() == x.world * T,
                  what + ": host_comm must be a cpu communicator over the engine's " +
-                     std::to_string(x.world) + " ranks");
+                     std::to_string(x.world * T) + " ranks" +
+                     (T > 1 ? " (" + std::to_string(x.world) + " data-parallel x " + std::to_string(T) +
+                                  " tensor ranks: the world the grid was split from)"
+                            : std::string()));
+    if (info && T > 1) *info = {{"data_parallel", x.world}, {"tensor", T}};
     return checkpoint::param_table(model);
   }
-  engine::CheckpointLayout l = engine::pipeline_layout(model, x.place, x.rank, x.world, host_comm, what);
+  engine::CheckpointLayout l = engine::pipeline_layout(model, x.place, t * x.world + x.rank, x.world * T, host_comm, what);
+  if (T > 1) {
+    l.info["data_parallel"] = x.world;
+    l.info["tensor"] = T;
+  }
   if (info) *info = std::move(l.info);
   return std::move(l.table);
 }
@@ -113,10 +126,14 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag,
     const std::vector<checkpoint::Piece>& pieces = ep.pieces;
     int64_t start = 0;
     size_t p = 0;
-    while (p + 1 < pieces.size() && start + pieces[p].count <= bad) start += pieces[p++].count;
+    while (p + 1 < pieces.size() && start + pieces[p].length() <= bad) start += pieces[p++].length();
+    // The element of the whole parameter (a strided piece's runs are `stride` apart).
+    const checkpoint::Piece& pc = pieces[p];
+    const int64_t in = bad - start;
+    const int64_t element = pc.offset + (in / pc.count) * pc.stride + in % pc.count;
     nonfinite = "save_checkpoint " + dir + "/" + tag + ": the model state is not finite (" +
-                kArrays[a] + " of parameter " + table[static_cast<size_t>(pieces[p].param)].name +
-                ", element " + std::to_string(pieces[p].offset + (bad - start)) +
+                kArrays[a] + " of parameter " + table[static_cast<size_t>(pc.param)].name +
+                ", element " + std::to_string(element) +
                 ", is " + std::to_string(data[static_cast<size_t>(a)][static_cast<size_t>(bad)]) +
                 "): not saved, so the checkpoints already in " + dir + " stay as they are";
   }
@@ -131,6 +148,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag,
   // The layout is recorded for information (what saved it); loading never depends on it: the
   // pieces are the whole model's, in any slicing.
   if (s.x.place.active()) engine["pipeline"] = std::move(layout);
+  else if (s.x.tensor.active()) engine["grid"] = std::move(layout);
   if (s.opt->scaler) {
     const optim::LossScalerState ls = s.opt->scaler->state();
     engine["loss_scaler"] = {{"scale", ls.scale},
@@ -175,11 +193,15 @@ uint64_t Engine::checkpoint_bytes() const {
   req.arrays = arrays;
   req.metadata = metadata;
   const PipelinePlace& pl = s.x.place;
-  if (!pl.active()) return checkpoint::save_bytes(req, s.x.rank);
+  const bool sliced = s.x.tensor.active();
+  if (!pl.active() && !sliced) return checkpoint::save_bytes(req, s.x.rank);
   // A pipeline: the manifest (written by the world's rank 0, stage 0's data rank 0) lists the
   // whole model's table, which no stage holds; each stage's data rank 0 adds its view's part
-  // of it (a tied parameter counted on each holding stage: a bound).
-  const bool world_root = pl.stage == 0 && s.x.rank == 0;
+  // of it (a tied parameter counted on each holding stage: a bound). With tensor slices, the
+  // world's rank 0 is also tensor rank 0; the other tensor ranks count their view's part too (a
+  // bound again: the table is the same for all of them).
+  const bool world_root = (!pl.active() || pl.stage == 0) && s.x.rank == 0 &&
+                          (!sliced || s.x.tensor.comm->rank() == 0);
   uint64_t bytes = checkpoint::save_bytes(req, world_root ? 0 : 1);
   if (!world_root && s.x.rank == 0) {
     checkpoint::SaveRequest names = req, none = req;
@@ -331,17 +353,25 @@ EnginePieces Engine::State::checkpoint_pieces(bool saving) const {
   EnginePieces ep;
   if (saving && x.o.stage == 0 && x.rank != 0) return ep;
   const PipelinePlace& pl = x.place;
+  const bool tensor_root = !x.tensor.active() || x.tensor.comm->rank() == 0;
   for (int g = 0; g < x.part.group_count(); ++g)
     for (const Partition::Piece& pc : x.owned_pieces(g)) {
       if (pc.count <= 0) continue;
       int param = pc.param;
+      const ParamSlice& slice = x.model.params[static_cast<size_t>(param)].slice;
+      // A parameter every tensor rank holds whole is saved once, by tensor rank 0; every rank
+      // loads it. A slice is saved by its own rank.
+      if (saving && !tensor_root && slice.split != TensorSplit::sliced) continue;
       if (pl.active()) {
         // A tied parameter is saved once, by the lowest stage holding it; every holder loads it.
         if (saving && !pl.owns_tied && std::find(pl.tied.begin(), pl.tied.end(), param) != pl.tied.end())
           continue;
         param = pl.to_original[static_cast<size_t>(param)];  // the whole model's index
       }
-      ep.pieces.push_back({param, pc.param_offset, pc.count});
+      // The elements as pieces of the whole parameter (a slice's are strided runs), in the
+      // order of the shard's, so the arrays are the shard's values unchanged.
+      for (const checkpoint::Piece& whole : checkpoint::whole_pieces(slice, param, pc.param_offset, pc.count))
+        ep.pieces.push_back(whole);
       ep.where.emplace_back(g, pc);
       ep.total += pc.count;
     }
