@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "models/gpt_ends.hpp"
 
 namespace zero::models {
 
@@ -71,25 +72,84 @@ std::vector<int> add_tensor_parallel_block_params(std::vector<ParamSpec>& params
   return ids;
 }
 
-TensorParallelBlockBase::TensorParallelBlockBase(std::string name, std::vector<int> ids, Ops& ops,
-                                                 const GptOptions& o, coll::Communicator& tensor)
-    : name_(std::move(name)), ids_(std::move(ids)), ops_(ops), opt_(o), tensor_(tensor) {}
+namespace {
 
-// What backward reads of forward; the shards' widths are C/T (attention) and 4C/T (MLP).
-struct TensorParallelBlock::State final : UnitState {
-  Tensor ln1, mean1, rstd1, qkv, probs, atty, res2, ln2, mean2, rstd2, fch, fcg;
-};
+// What a tensor group of more than one rank needs beyond make_gpt's checks: types the
+// collectives sum, and a communicator of the device's kind (TensorGroup checks that).
+void check_tensor_parallel_types(const GptOptions& o, const coll::Communicator& tensor, const std::string& who) {
+  if (tensor.size() == 1) return;  // no all-reduce runs
+  const ScalarType a = o.activation_type;
+  ZERO_REQUIRE(to_dtype(a).has_value(), who + ": activations must be fp32, bf16 or fp16 (the all-reduce sums "
+                                              "those), got " + std::string(to_string(a)));
+  ZERO_REQUIRE(o.param_type != ScalarType::i32 && o.param_type != ScalarType::f64,
+               who + ": parameters must be fp32, bf16 or fp16, got " + std::string(to_string(o.param_type)));
+}
 
-TensorParallelBlock::TensorParallelBlock(std::string name, std::vector<int> ids, Ops& ops,
-                                         const GptOptions& o, coll::Communicator& tensor)
-    : SplitBackward(std::move(name), std::move(ids), ops, o, tensor) {
+// A parameter of the ends: whole on every rank (replicated), as make_gpt lists it.
+ParamSpec replicated(const GptOptions& o, std::string name, Shape shape, ParamInit init, int rank, int degree) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.shape = shape;
+  p.type = o.param_type;
+  p.weight_decay = shape.rank() >= 2;
+  p.init = init;
+  p.init_std = 0.02f;
+  p.slice = ParamSlice{TensorSplit::replicated, shape, 0, 1, rank, degree};
+  check_param_slice(p);
+  return p;
+}
+
+}  // namespace
+
+std::vector<ParamSpec> gpt_tensor_parallel_params(const GptOptions& o, int rank, int degree) {
+  check_tensor_parallel(o.shape, degree);
+  ZERO_REQUIRE(rank >= 0 && rank < degree, "tensor parallel: rank " + std::to_string(rank) +
+                                               " is outside the tensor group of " + std::to_string(degree));
+  const GptShape& s = o.shape;
+  const int64_t C = s.n_embd;
+  // make_gpt's order: wte, wpe, the blocks, ln_f (models/gpt.cpp; a test compares the tables).
+  std::vector<ParamSpec> params;
+  params.push_back(replicated(o, "wte.weight", Shape{s.vocab_size, C}, ParamInit::normal, rank, degree));
+  params.push_back(replicated(o, "wpe.weight", Shape{s.seq_len, C}, ParamInit::normal, rank, degree));
+  for (int l = 0; l < s.n_layer; ++l) (void)add_tensor_parallel_block_params(params, o, l, rank, degree);
+  params.push_back(replicated(o, "ln_f.weight", Shape{C}, ParamInit::ones, rank, degree));
+  params.push_back(replicated(o, "ln_f.bias", Shape{C}, ParamInit::zeros, rank, degree));
+  return params;
+}
+
+Model make_gpt_tensor_parallel(const GptOptions& o, Ops& ops, coll::Communicator& tensor) {
+  check_gpt_options(o, ops);
   check_tensor_parallel(o.shape, tensor.size());
-  ZERO_REQUIRE(ids_.size() == 12, "tensor parallel block " + name_ + ": expected 12 parameter ids, got " +
-                                      std::to_string(ids_.size()));
-  ZERO_REQUIRE(tensor.kind() == ops.device().kind(),
-               "tensor parallel block " + name_ + ": the tensor communicator (" +
-                   std::string(to_string(tensor.kind())) + ") and the model's device (" +
-                   ops.device().name() + ") differ in kind");
+  check_tensor_parallel_types(o, tensor, "gpt (tensor parallel)");
+  const GptShape& s = o.shape;
+  const int rank = tensor.rank(), degree = tensor.size();
+  Model m;
+  m.name = "gpt(n_layer " + std::to_string(s.n_layer) + ", n_embd " + std::to_string(s.n_embd) + ", n_head " +
+           std::to_string(s.n_head) + ", vocab " + std::to_string(s.vocab_size) + ", seq_len " +
+           std::to_string(s.seq_len) + ")";
+  if (degree > 1) m.name += " tensor rank " + std::to_string(rank) + " of " + std::to_string(degree);
+  m.params = gpt_tensor_parallel_params(o, rank, degree);
+  const int wte = 0, wpe = 1;
+  // The replicated ends compute alone on every rank: a group of one (no all-reduce).
+  m.units.push_back(std::make_unique<GptEmbedding>("embedding", std::vector<int>{wte, wpe}, ops, o, TensorGroup()));
+  for (int l = 0; l < s.n_layer; ++l) {
+    std::vector<int> ids;
+    for (int i = 0; i < 12; ++i) ids.push_back(2 + 12 * l + i);
+    const std::string name = "h." + std::to_string(l);
+    // Degree 1 needs no communicator: make_gpt's block exactly.
+    TensorGroup group = degree > 1 ? TensorGroup(tensor, ops.device(), "gpt unit " + name) : TensorGroup();
+    m.units.push_back(std::make_unique<GptBlock>(name, std::move(ids), ops, o, std::move(group)));
+  }
+  const int lnf = 2 + 12 * s.n_layer;
+  m.units.push_back(
+      std::make_unique<GptHead>("head", std::vector<int>{lnf, lnf + 1, wte}, ops, o, TensorGroup()));
+  return m;
+}
+
+TensorParallelBlock::TensorParallelBlock(std::string name, std::vector<int> ids, Ops& ops, const GptOptions& o,
+                                         coll::Communicator& tensor)
+    : GptBlock(name, std::move(ids), ops, o, TensorGroup(tensor, ops.device(), "tensor parallel block " + name)) {
+  check_tensor_parallel(o.shape, tensor.size());
   const ScalarType a = o.activation_type;
   ZERO_REQUIRE(to_dtype(a).has_value(),
                "tensor parallel block " + name_ + ": activations must be fp32, bf16 or fp16 (the "
@@ -97,132 +157,6 @@ TensorParallelBlock::TensorParallelBlock(std::string name, std::vector<int> ids,
   ZERO_REQUIRE(o.param_type != ScalarType::i32 && o.param_type != ScalarType::f64,
                "tensor parallel block " + name_ + ": parameters must be fp32, bf16 or fp16, got " +
                    std::string(to_string(o.param_type)));
-  ready_ = ops.device().create_event();
-}
-
-void TensorParallelBlock::all_reduce(const Tensor& t) {
-  // Megatron's g (forward) and f (backward): the partial sums of the T ranks become the whole.
-  // In place, on the communicator's stream, after the compute stream has produced `t`; later
-  // compute work waits for the result. The caller enqueues a reader of `t` at once, which keeps
-  // its storage alive until the all-reduce is done (cpu ops hold their operands; cuda frees in
-  // compute-stream order, after the wait).
-  ops_.stream().record(*ready_);
-  coll::Work w = tensor_.all_reduce(t.data(), t.data(), static_cast<size_t>(t.numel()),
-                                    *to_dtype(t.type()), coll::ReduceOp::sum, ready_.get());
-  w.chain(ops_.stream());
-  all_reduce_bytes_ += static_cast<int64_t>(t.bytes());
-  ++all_reduce_calls_;
-}
-
-void TensorParallelBlock::forward(UnitContext& ctx) {
-  ZERO_REQUIRE(ctx.params.size() == ids_.size(), "tensor parallel block " + name_ + ": expected " +
-                                                     std::to_string(ids_.size()) + " parameter tensors, got " +
-                                                     std::to_string(ctx.params.size()));
-  auto state = std::make_unique<State>();
-  ctx.output = run_forward(ctx, *state);
-  // Checkpointed: only ctx.input stays; backward recomputes (and all-reduces) again.
-  if (!ctx.checkpoint) ctx.state = std::move(state);
-}
-
-Tensor TensorParallelBlock::run_forward(const UnitContext& ctx, State& s) {
-  ZERO_REQUIRE(ctx.input && ctx.input.shape().rank() == 3 && ctx.input.shape()[2] == opt_.shape.n_embd,
-               "tensor parallel block " + name_ + ": the input must be [B, T, " +
-                   std::to_string(opt_.shape.n_embd) + "], got " + ctx.input.describe());
-  const std::vector<Tensor>& w = ctx.params;
-  const Tensor& x = ctx.input;
-  const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
-  const int64_t P = tensor_.size();
-  const int heads = opt_.shape.n_head / static_cast<int>(P);  // this rank's heads
-  const int64_t Ca = C / P, F = 4 * C / P;                     // shard widths
-  const ScalarType at = opt_.activation_type;
-  auto act = [&](Shape sh) { return Tensor::empty(ops_.device(), sh, at, MemCategory::activations); };
-  auto stats = [&](Shape sh) { return Tensor::empty(ops_.device(), sh, ScalarType::f32, MemCategory::activations); };
-  // The row-split matrices' replicated biases enter the sum once, on tensor rank 0.
-  const bool adds_bias = tensor_.rank() == 0;
-
-  // Attention: ln_1 whole, then f (identity), c_attn on this rank's heads, c_proj partial, g.
-  s.ln1 = act(Shape{B, T, C});
-  s.mean1 = stats(Shape{B * T});
-  s.rstd1 = stats(Shape{B * T});
-  ops_.layernorm_forward(s.ln1, s.mean1, s.rstd1, x, w[0], w[1]);
-  s.qkv = act(Shape{B, T, 3 * Ca});
-  ops_.linear_forward(s.qkv, s.ln1, w[2], w[3]);
-  s.probs = act(Shape{B, heads, T, T});
-  s.atty = act(Shape{B, T, Ca});
-  ops_.attention_forward(s.atty, s.probs, s.qkv, heads);
-  Tensor attproj = act(Shape{B, T, C});
-  ops_.linear_forward(attproj, s.atty, w[4], adds_bias ? w[5] : Tensor());
-  all_reduce(attproj);
-  s.res2 = act(Shape{B, T, C});
-  ops_.add(s.res2, x, attproj);
-  attproj = Tensor();
-
-  // MLP: ln_2 whole, f, c_fc on this rank's 4C/T columns, GELU, c_proj partial, g.
-  s.ln2 = act(Shape{B, T, C});
-  s.mean2 = stats(Shape{B * T});
-  s.rstd2 = stats(Shape{B * T});
-  ops_.layernorm_forward(s.ln2, s.mean2, s.rstd2, s.res2, w[6], w[7]);
-  s.fch = act(Shape{B, T, F});
-  ops_.linear_forward(s.fch, s.ln2, w[8], w[9]);
-  s.fcg = act(Shape{B, T, F});
-  ops_.gelu_forward(s.fcg, s.fch);
-  Tensor fcproj = act(Shape{B, T, C});
-  ops_.linear_forward(fcproj, s.fcg, w[10], adds_bias ? w[11] : Tensor());
-  all_reduce(fcproj);
-  Tensor out = act(Shape{B, T, C});
-  ops_.add(out, s.res2, fcproj);
-  return out;
-}
-
-void TensorParallelBlock::backward_with(UnitContext& ctx, WeightGrads& wg) {
-  ZERO_REQUIRE(ctx.params.size() == ids_.size() && ctx.grads.size() == ids_.size(),
-               "tensor parallel block " + name_ + ": expected " + std::to_string(ids_.size()) +
-                   " parameter and gradient tensors, got " + std::to_string(ctx.params.size()) + " and " +
-                   std::to_string(ctx.grads.size()));
-  ZERO_REQUIRE(ctx.grad_output, "tensor parallel block " + name_ + ": backward without grad_output");
-  std::unique_ptr<State> owned;
-  State* s = &saved_or_recomputed(ctx, owned, [&](State& st) { (void)run_forward(ctx, st); });
-  const std::vector<Tensor>& w = ctx.params;
-  const std::vector<Tensor>& g = ctx.grads;
-  const Tensor& x = ctx.input;
-  const Tensor& dout = ctx.grad_output;
-  const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
-  const int64_t P = tensor_.size(), Ca = C / P, F = 4 * C / P;
-  const int heads = opt_.shape.n_head / static_cast<int>(P);
-  auto act = [&](Shape sh) {
-    return Tensor::empty(ops_.device(), sh, opt_.activation_type, MemCategory::activations);
-  };
-
-  // MLP branch. g's backward is the identity: every rank has the whole dout. c_proj's bias
-  // gradient (replicated) is the column sum of dout on every rank alike.
-  Tensor dfcg = act(Shape{B, T, F});
-  wg.linear(dfcg, 10, 11, dout, s->fcg, w[10]);
-  Tensor dfch = act(Shape{B, T, F});
-  ops_.gelu_backward(dfch, dfcg, s->fch);
-  dfcg = Tensor();
-  Tensor dln2 = act(Shape{B, T, C});
-  wg.linear(dln2, 8, 9, dfch, s->ln2, w[8]);
-  dfch = Tensor();
-  all_reduce(dln2);  // f's backward: this rank's columns gave part of ln_2's output gradient
-  Tensor dres2 = act(Shape{B, T, C});
-  ops_.layernorm_backward(dres2, g[6], g[7], dln2, s->res2, w[6], s->mean2, s->rstd2);
-  ops_.accumulate(dres2, dout);  // the residual path
-  dln2 = Tensor();
-
-  // Attention branch, the same way.
-  Tensor datty = act(Shape{B, T, Ca});
-  wg.linear(datty, 4, 5, dres2, s->atty, w[4]);
-  Tensor dqkv = act(Shape{B, T, 3 * Ca});
-  ops_.attention_backward(dqkv, datty, s->qkv, s->probs, heads);
-  datty = Tensor();
-  Tensor dln1 = act(Shape{B, T, C});
-  wg.linear(dln1, 2, 3, dqkv, s->ln1, w[2]);
-  dqkv = Tensor();
-  all_reduce(dln1);
-  Tensor dx = act(Shape{B, T, C});
-  ops_.layernorm_backward(dx, g[0], g[1], dln1, x, w[0], s->mean1, s->rstd1);
-  ops_.accumulate(dx, dres2);  // the residual path
-  ctx.grad_input = dx;
 }
 
 }  // namespace zero::models

@@ -1,6 +1,8 @@
 // Tensor parallelism for the GPT (Megatron-LM's intra-layer model parallelism, Shoeybi et al.
-// 2019; docs/tensor-parallel.md): a transformer block whose matrices are split across the T
-// ranks of a tensor communicator, so no rank holds the whole block. Rank t of T holds:
+// 2019; docs/tensor-parallel.md): the whole model at one tensor rank, its transformer blocks'
+// matrices split across the T ranks of a tensor communicator, so no rank holds a whole block.
+// The block's body is GptBlock (gpt_block.hpp), whose degree-1 case is make_gpt's block.
+// Rank t of T holds:
 //
 //   ln_1, ln_2 (weight, bias)       whole (replicated)
 //   attn.c_attn.weight [C, 3C/T]    columns by whole heads: heads [t H/T, (t+1) H/T) of q, of k
@@ -35,11 +37,12 @@
 // collectives pair up by order). Checkpointed blocks repeat their forward all-reduces when they
 // recompute.
 //
-// Supports split backward (B/W, as the unsplit BlockUnit: LayerNorm gradients in B, the four
+// Supports split backward (B/W, as the unsplit block: LayerNorm gradients in B, the four
 // matmuls' weight and bias gradients in W; the backward all-reduces are in B) and activation
 // checkpointing, both bitwise equal to the joint, stored backward.
 //
-// Types: activations fp32, bf16 or fp16 (the communicator sums those; fp64 is refused).
+// Types: at degree > 1 activations fp32, bf16 or fp16 (the communicator sums those; fp64 is
+// refused), parameters fp32, bf16 or fp16.
 // Thread-safety: as any Unit (one thread at a time); the tensor communicator must not be used
 // by another thread while the Unit runs.
 #pragma once
@@ -52,7 +55,7 @@
 #include "collectives/communicator.hpp"
 #include "core/unit.hpp"
 #include "models/gpt.hpp"
-#include "models/split_backward.hpp"
+#include "models/gpt_block.hpp"
 
 namespace zero::models {
 
@@ -71,50 +74,32 @@ std::vector<int> add_tensor_parallel_block_params(std::vector<ParamSpec>& params
                                                   const GptOptions& options, int layer, int rank,
                                                   int degree);
 
-class TensorParallelBlockBase : public Unit {
- public:
-  const std::string& name() const noexcept override { return name_; }
-  std::span<const int> param_ids() const noexcept override { return ids_; }
+// The whole model's parameter table for tensor rank `rank` of `degree`, without a communicator
+// (a re-slicer can list any rank's): make_gpt's names and order (wte, wpe, the n_layer blocks as
+// add_tensor_parallel_block_params lists them, ln_f), each with its slice metadata. The ends are
+// replicated: wte, wpe and ln_f whole on every rank. At degree 1 it is make_gpt's table (names,
+// shapes, types, initialisation, decay) with degree-1 slice markers.
+std::vector<ParamSpec> gpt_tensor_parallel_params(const GptOptions& options, int rank, int degree);
 
- protected:
-  TensorParallelBlockBase(std::string name, std::vector<int> ids, Ops& ops, const GptOptions& o,
-                          coll::Communicator& tensor);
-
-  std::string name_;
-  std::vector<int> ids_;
-  Ops& ops_;
-  GptOptions opt_;
-  coll::Communicator& tensor_;
-};
+// The whole GPT at tensor rank tensor.rank() of tensor.size(): make_gpt's Units (embedding, the
+// n_layer blocks, head) over gpt_tensor_parallel_params's table, the blocks split over `tensor`
+// (TensorParallelBlock), the embedding and head replicated (every rank computes the whole
+// logits and loss). Degree 1 is make_gpt op for op: bitwise the same results. Checks the
+// options as make_gpt does and the degree as check_tensor_parallel; at degree > 1 activations
+// must be fp32, bf16 or fp16 and `tensor` of the ops' device kind. `ops` and `tensor` must
+// outlive the Model; every rank of the tensor group must run its Units in the same order.
+Model make_gpt_tensor_parallel(const GptOptions& options, Ops& ops, coll::Communicator& tensor);
 
 // Block `name` (e.g. "h.3") of tensor rank tensor.rank() of tensor.size(), over the parameters
-// `ids` (from add_tensor_parallel_block_params with the same rank and degree). `ops` and `tensor`
-// must outlive it; `tensor` is the grid's tensor communicator (collectives/grid.hpp) of the
-// same device kind as `ops`.
-class TensorParallelBlock final : public SplitBackward<TensorParallelBlockBase> {
+// `ids` (from add_tensor_parallel_block_params with the same rank and degree): GptBlock
+// (gpt_block.hpp) over the group of `tensor`. `ops` and `tensor` must outlive it; `tensor` is
+// the grid's tensor communicator (collectives/grid.hpp) of the same device kind as `ops`.
+// all_reduce_bytes() / all_reduce_calls() count the payload it has handed to all-reduces (per
+// call B T C activation elements; a ring's wire traffic is 2 (T-1)/T of it per rank).
+class TensorParallelBlock final : public GptBlock {
  public:
   TensorParallelBlock(std::string name, std::vector<int> ids, Ops& ops, const GptOptions& o,
                       coll::Communicator& tensor);
-  bool checkpointable() const noexcept override { return true; }
-  void forward(UnitContext& ctx) override;
-
-  // Bytes this Unit has handed to all-reduces so far (payload per call: B T C activation
-  // elements; the wire traffic of a ring is 2 (T-1)/T of it per rank). For the accounting.
-  int64_t all_reduce_bytes() const noexcept { return all_reduce_bytes_; }
-  int64_t all_reduce_calls() const noexcept { return all_reduce_calls_; }
-
- protected:
-  void backward_with(UnitContext& ctx, WeightGrads& wg) override;
-
- private:
-  struct State;
-  Tensor run_forward(const UnitContext& ctx, State& s);
-  // Sums `t` over the tensor group in place: after the compute stream's current point, and the
-  // compute stream waits for it. Returns at once.
-  void all_reduce(const Tensor& t);
-
-  std::unique_ptr<Event> ready_;  // the compute stream's point each all-reduce starts after
-  int64_t all_reduce_bytes_ = 0, all_reduce_calls_ = 0;
 };
 
 }  // namespace zero::models

@@ -1,0 +1,128 @@
+#include "models/gpt_block.hpp"
+
+#include <utility>
+
+namespace zero::models {
+
+// What backward reads of forward; at degree T the shards' widths are C/T (attention) and 4C/T
+// (MLP), the rest is whole.
+struct GptBlock::State final : UnitState {
+  Tensor ln1, mean1, rstd1, qkv, probs, atty, res2, ln2, mean2, rstd2, fch, fcg;
+};
+
+GptBlock::GptBlock(std::string name, std::vector<int> ids, Ops& ops, const GptOptions& o, TensorGroup group)
+    : SplitBackward(std::move(name), std::move(ids), ops, o, std::move(group)) {
+  ZERO_REQUIRE(ids_.size() == 12, "gpt unit " + name_ + ": expected 12 parameter ids, got " +
+                                      std::to_string(ids_.size()));
+  ZERO_REQUIRE(opt_.shape.n_head % group_.size() == 0,
+               "gpt unit " + name_ + ": n_head " + std::to_string(opt_.shape.n_head) +
+                   " is not divisible by the tensor-parallel degree " + std::to_string(group_.size()));
+}
+
+void GptBlock::forward(UnitContext& ctx) {
+  require_params(ctx, false);
+  auto state = std::make_unique<State>();
+  ctx.output = run_forward(ctx, *state);
+  // Checkpointed: drop the intermediates now (their memory returns once the enqueued ops that
+  // use them have run); backward recomputes them (and all-reduces again) from ctx.input, which
+  // the engine keeps.
+  if (!ctx.checkpoint) ctx.state = std::move(state);
+}
+
+Tensor GptBlock::run_forward(const UnitContext& ctx, State& s) {
+  ZERO_REQUIRE(ctx.input && ctx.input.shape().rank() == 3 && ctx.input.shape()[2] == opt_.shape.n_embd,
+               "gpt unit " + name_ + ": the input must be [B, T, " + std::to_string(opt_.shape.n_embd) +
+                   "], got " + ctx.input.describe());
+  const std::vector<Tensor>& w = ctx.params;
+  const Tensor& x = ctx.input;
+  const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
+  const int64_t P = group_.size();
+  const int heads = opt_.shape.n_head / static_cast<int>(P);  // this rank's heads
+  const int64_t Ca = C / P, F = 4 * C / P;                     // shard widths
+  // The row-split matrices' replicated biases enter the sum once, on tensor rank 0.
+  const bool adds_bias = group_.rank() == 0;
+
+  // Attention: ln_1 whole, then f (identity), c_attn on this rank's heads, c_proj partial, g.
+  s.ln1 = act(Shape{B, T, C});
+  s.mean1 = stats(Shape{B * T});
+  s.rstd1 = stats(Shape{B * T});
+  ops_.layernorm_forward(s.ln1, s.mean1, s.rstd1, x, w[0], w[1]);
+  s.qkv = act(Shape{B, T, 3 * Ca});
+  ops_.linear_forward(s.qkv, s.ln1, w[2], w[3]);
+  s.probs = act(Shape{B, heads, T, T});
+  s.atty = act(Shape{B, T, Ca});
+  ops_.attention_forward(s.atty, s.probs, s.qkv, heads);
+  Tensor attproj = act(Shape{B, T, C});
+  ops_.linear_forward(attproj, s.atty, w[4], adds_bias ? w[5] : Tensor());
+  all_reduce(attproj);  // g
+  s.res2 = act(Shape{B, T, C});
+  ops_.add(s.res2, x, attproj);
+  attproj = Tensor();
+
+  // MLP: ln_2 whole, f, c_fc on this rank's 4C/T columns, GELU, c_proj partial, g.
+  s.ln2 = act(Shape{B, T, C});
+  s.mean2 = stats(Shape{B * T});
+  s.rstd2 = stats(Shape{B * T});
+  ops_.layernorm_forward(s.ln2, s.mean2, s.rstd2, s.res2, w[6], w[7]);
+  s.fch = act(Shape{B, T, F});
+  ops_.linear_forward(s.fch, s.ln2, w[8], w[9]);
+  s.fcg = act(Shape{B, T, F});
+  ops_.gelu_forward(s.fcg, s.fch);
+  Tensor fcproj = act(Shape{B, T, C});
+  ops_.linear_forward(fcproj, s.fcg, w[10], adds_bias ? w[11] : Tensor());
+  all_reduce(fcproj);  // g
+  Tensor out = act(Shape{B, T, C});
+  ops_.add(out, s.res2, fcproj);
+  return out;
+}
+
+void GptBlock::backward_with(UnitContext& ctx, WeightGrads& wg) {
+  require_params(ctx, true);
+  ZERO_REQUIRE(ctx.grad_output, "gpt unit " + name_ + ": backward without grad_output");
+  // Checkpointed: re-materialise. The same ops on the same input and parameters give bitwise
+  // the same intermediates (every op is deterministic, the all-reduce sums in rank order), hence
+  // the same gradients.
+  std::unique_ptr<State> owned;
+  State* s = &saved_or_recomputed(ctx, owned, [&](State& st) { (void)run_forward(ctx, st); });
+  const std::vector<Tensor>& w = ctx.params;
+  const std::vector<Tensor>& g = ctx.grads;
+  const Tensor& x = ctx.input;
+  const Tensor& dout = ctx.grad_output;
+  const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
+  const int64_t P = group_.size(), Ca = C / P, F = 4 * C / P;
+  const int heads = opt_.shape.n_head / static_cast<int>(P);
+
+  // out = res2 + mlp(res2): the MLP branch first. g's backward is the identity: every rank has
+  // the whole dout; c_proj's (replicated) bias gradient is the column sum of dout, alike on
+  // every rank.
+  Tensor dfcg = act(Shape{B, T, F});
+  wg.linear(dfcg, 10, 11, dout, s->fcg, w[10]);
+  Tensor dfch = act(Shape{B, T, F});
+  ops_.gelu_backward(dfch, dfcg, s->fch);
+  dfcg = Tensor();
+  Tensor dln2 = act(Shape{B, T, C});
+  wg.linear(dln2, 8, 9, dfch, s->ln2, w[8]);
+  dfch = Tensor();
+  all_reduce(dln2);  // f's backward: this rank's columns gave part of ln_2's output gradient
+  Tensor dres2 = act(Shape{B, T, C});
+  ops_.layernorm_backward(dres2, g[6], g[7], dln2, s->res2, w[6], s->mean2, s->rstd2);
+  ops_.accumulate(dres2, dout);  // the residual path
+  dln2 = Tensor();
+
+  // res2 = x + attn(x): the attention branch, the same way.
+  Tensor datty = act(Shape{B, T, Ca});
+  wg.linear(datty, 4, 5, dres2, s->atty, w[4]);
+  Tensor dqkv = act(Shape{B, T, 3 * Ca});
+  ops_.attention_backward(dqkv, datty, s->qkv, s->probs, heads);
+  datty = Tensor();
+  Tensor dln1 = act(Shape{B, T, C});
+  wg.linear(dln1, 2, 3, dqkv, s->ln1, w[2]);
+  dqkv = Tensor();
+  all_reduce(dln1);  // f's backward
+  Tensor dx = act(Shape{B, T, C});
+  ops_.layernorm_backward(dx, g[0], g[1], dln1, x, w[0], s->mean1, s->rstd1);
+  ops_.accumulate(dx, dres2);  // the residual path
+  ctx.grad_input = dx;
+}
+
+}  // namespace zero::models
