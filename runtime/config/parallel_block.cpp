@@ -57,12 +57,9 @@ std::string ranks(long long n) { return str(n) + (n == 1 ? " rank" : " ranks"); 
 void visit_parallel(Reader& io, Parallel& p) {
   io.key("pipeline", p.pipeline,
          {.min = 1, .max = kMaxStages, .hint = "each stage needs ranks of its own"});
-  io.key("tensor", p.tensor, {.min = 1});
-  if (p.tensor != 1 && io.session().source(io.path_of("tensor")) == Source::value) {
-    io.error("tensor", str(p.tensor) + ": tensor slicing comes with issue 19; set 1 (or remove "
-                                       "the key) and use pipeline or data parallelism for now");
-    p.tensor = 1;
-  }
+  // Megatron's tensor-model-parallel size; whether the model divides by it (heads, vocabulary)
+  // is checked at start-up with the model (zero-train's check_startup, --validate too).
+  io.key("tensor", p.tensor, {.min = 1, .max = kMaxStages, .hint = "each slice needs a rank of its own"});
   // "auto" or absent: derived by resolve_grid; a number is checked against it there.
   io.key("data", p.data, {.min = 1, .auto_value = 1});
   io.choice("schedule", p.schedule, kSchedules, {.suggest = true});

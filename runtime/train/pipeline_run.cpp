@@ -50,15 +50,24 @@ PipelineRun::~PipelineRun() {
   if (data_comm != MPI_COMM_NULL) MPI_Comm_free(&data_comm);
 }
 
+void build_grid(Run& run) {
+  const config::Parallel& par = run.c.ours.parallel;
+  run.grid = std::make_unique<coll::ProcessGrid>(
+      *run.comm, coll::GridShape{.data = par.data, .pipeline = par.pipeline, .tensor = par.tensor});
+}
+
 void build_pipeline(Run& run) {
   const config::Parallel& par = run.c.ours.parallel;
   const std::string& file = run.flags.config;
   auto p = std::make_unique<PipelineRun>();
-  p->grid = std::make_unique<coll::ProcessGrid>(*run.comm,
-                                                coll::GridShape{.data = par.data, .pipeline = par.pipeline, .tensor = par.tensor});
+  p->grid = run.grid.get();
   const coll::GridCoord& at = p->grid->coord();
   // The ranks that hold this rank's stage (and tensor slice), ordered by data index.
   ZERO_CHECK_MPI(MPI_Comm_split(run.world.comm(), at.pipeline * par.tensor + at.tensor, at.data, &p->data_comm));
+  if (par.pipeline == 1) {  // tensor slices only: no cut, no schedule
+    run.pipe = std::move(p);
+    return;
+  }
 
   // The cut: the same on every rank (pure functions of the model and the config).
   const Model& model = *run.model;
@@ -92,35 +101,59 @@ void report_pipeline(Run& run) {
   PipelineRun& p = *run.pipe;
   const coll::GridShape& shape = p.grid->shape();
   const Model& model = *run.model;
+  // Every rank's parameter count (its tensor slice of its stage's parameters), for the grid's
+  // lines: per rank, not per stage, since the slices are what a rank holds.
+  long long mine = 0;
+  for (const ParamSpec& ps : (p.stage ? p.stage->view.model : model).params) mine += ps.numel();
+  std::vector<long long> counts(static_cast<size_t>(run.world.size()));
+  ZERO_CHECK_MPI(MPI_Gather(&mine, 1, MPI_LONG_LONG, counts.data(), 1, MPI_LONG_LONG, 0, run.world.comm()));
   if (run.world.is_root()) {
     char line[512];
-    std::snprintf(line, sizeof line,
-                  "pipeline: grid %d data x %d pipeline x %d tensor (rank = t + T (d + D p)); schedule %s, %d "
-                  "micro-batches per step; partition \"%s\"",
-                  shape.data, shape.pipeline, shape.tensor, p.schedule.c_str(), run.GA,
-                  std::string(config::to_string(run.c.ours.parallel.partition)).c_str());
+    std::snprintf(line, sizeof line, "%s: grid %d data x %d pipeline x %d tensor (rank = t + T (d + D p))",
+                  p.stage ? "pipeline" : "tensor slicing", shape.data, shape.pipeline, shape.tensor);
     std::string t = line;
-    for (int s = 0; s < shape.pipeline; ++s) {
-      std::string ranks;
-      for (int d = 0; d < shape.data; ++d)
-        for (int k = 0; k < shape.tensor; ++k)
-          ranks += (ranks.empty() ? "" : ", ") + std::to_string(coll::grid_rank(shape, {.data = d, .pipeline = s, .tensor = k}));
-      std::string units;
-      for (int u = p.cut.begin(s); u < p.cut.end(s); ++u)
-        units += (u == p.cut.begin(s) ? "" : ", ") + model.units[static_cast<size_t>(u)]->name();
-      long long params = 0;
-      for (int i : pipeline::stage_param_ids(model, p.cut, s)) params += model.params[static_cast<size_t>(i)].shape.numel();
-      std::snprintf(line, sizeof line, "\n  stage %d: world rank%s %s; Units %d-%d of %d (%s); %s parameters", s,
-                    shape.data * shape.tensor > 1 ? "s" : "", ranks.c_str(), p.cut.begin(s), p.cut.end(s) - 1,
-                    p.cut.units(), units.c_str(), grouped(params).c_str());
+    if (p.stage) {
+      std::snprintf(line, sizeof line, "; schedule %s, %d micro-batches per step; partition \"%s\"",
+                    p.schedule.c_str(), run.GA, std::string(config::to_string(run.c.ours.parallel.partition)).c_str());
       t += line;
     }
-    for (const pipeline::TiedParameter& tp : pipeline::tied_parameters(model, p.cut)) {
-      std::string on;
-      for (int s : tp.stages) on += (on.empty() ? "" : ", ") + std::to_string(s);
-      t += "\n  tied: " + model.params[static_cast<size_t>(tp.param)].name + " on stages " + on +
-           " (each of those stages keeps a copy)";
+    for (int s = 0; s < shape.pipeline; ++s) {
+      // The stage's ranks: with tensor slices each tensor group in brackets, every rank with the
+      // parameters it holds (its slices; the replicated LayerNorms and biases whole).
+      std::string ranks;
+      for (int d = 0; d < shape.data; ++d) {
+        std::string group;
+        for (int k = 0; k < shape.tensor; ++k) {
+          const int r = coll::grid_rank(shape, {.data = d, .pipeline = s, .tensor = k});
+          group += (k == 0 ? "" : " ") + std::to_string(r) +
+                   (shape.tensor > 1 ? ":" + grouped(counts[static_cast<size_t>(r)]) : std::string());
+        }
+        ranks += (ranks.empty() ? "" : ", ") + (shape.tensor > 1 ? "[" + group + "]" : group);
+      }
+      const std::string who = shape.tensor > 1 ? "tensor group" + std::string(shape.data > 1 ? "s" : "") +
+                                                     " (world rank:parameters held) " + ranks
+                                               : "world rank" + std::string(shape.data > 1 ? "s " : " ") + ranks;
+      if (p.stage) {
+        std::string units;
+        for (int u = p.cut.begin(s); u < p.cut.end(s); ++u)
+          units += (u == p.cut.begin(s) ? "" : ", ") + model.units[static_cast<size_t>(u)]->name();
+        long long params = 0;
+        for (int i : pipeline::stage_param_ids(model, p.cut, s)) params += model.params[static_cast<size_t>(i)].shape.numel();
+        std::snprintf(line, sizeof line, "\n  stage %d: %s; Units %d-%d of %d (%s)", s, who.c_str(), p.cut.begin(s),
+                      p.cut.end(s) - 1, p.cut.units(), units.c_str());
+        t += line;
+        if (shape.tensor == 1) t += "; " + grouped(params) + " parameters";
+      } else {
+        t += "\n  " + who;
+      }
     }
+    if (p.stage)
+      for (const pipeline::TiedParameter& tp : pipeline::tied_parameters(model, p.cut)) {
+        std::string on;
+        for (int s : tp.stages) on += (on.empty() ? "" : ", ") + std::to_string(s);
+        t += "\n  tied: " + model.params[static_cast<size_t>(tp.param)].name + " on stages " + on +
+             " (each of those stages keeps a copy)";
+      }
     log::info(t);
   }
   // Each stage's Engine's memory report, from rank 0 of the stage's data group.
@@ -130,11 +163,13 @@ void report_pipeline(Run& run) {
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r].empty()) continue;
     const coll::GridCoord c = coll::grid_coord(shape, static_cast<int>(r));
-    log::info("stage " + std::to_string(c.pipeline) + " (world rank " + std::to_string(r) + "): " + all[r]);
+    log::info((p.stage ? "stage " + std::to_string(c.pipeline) + " " : std::string()) + "(world rank " +
+              std::to_string(r) + (shape.tensor > 1 ? ", tensor rank 0" : "") + "): " + all[r]);
   }
 }
 
 StepStats pipeline_train_step(Run& run, const std::function<Batch(int micro)>& load) {
+  if (!run.pipe->stage) return run.engine->step(load);
   return run.engine->pipeline_step(run.pipe->list, load);
 }
 

@@ -39,7 +39,9 @@ struct PipelineRun {
   PipelineRun& operator=(const PipelineRun&) = delete;
   ~PipelineRun();
 
-  std::unique_ptr<coll::ProcessGrid> grid;  // split from the run's (device-kind) world communicator
+  coll::ProcessGrid* grid = nullptr;        // the Run's (run.hpp)
+  // With pipeline stages only (grid->shape().pipeline > 1; a tensor-sliced run of one stage
+  // trains with Engine::step):
   pipeline::StageCut cut;                   // the model's Units by stage (zero_train.parallel.partition)
   std::string schedule;                     // "gpipe", "1f1b", "zb-h1"
   pipeline::Stage list;                     // this stage's instructions of one step
@@ -57,12 +59,16 @@ struct PipelineRun {
   bool loads() const noexcept { return grid->first_stage() || grid->last_stage(); }
 };
 
-// Builds run.pipe: the grid from the config's parallel block, the cut, the schedule (checked
-// once with pipeline::check_schedules: a broken list is an error here, not a hang in the first
-// step) and this rank's stage (its view of the model and its PipelinePlace). Needs run.comm,
+// Builds run.grid from the config's parallel block (collective over run.comm). Needs run.comm.
+void build_grid(Run& run);
+
+// Builds run.pipe over run.grid; with pipeline stages also the cut, the schedule (checked once
+// with pipeline::check_schedules: a broken list is an error here, not a hang in the first step)
+// and this rank's stage (its view of the model and its PipelinePlace). Needs run.grid,
 // run.model, run.GA and run.T. Throws zero::Error (a partition the model cannot take, a broken
 // schedule) alike on every rank; the caller runs it under on_all_ranks and then builds the Engine
-// over run.pipe->stage->view.model with run.pipe->grid->data() and the stage's place.
+// over run.pipe->stage->view.model (or the model, with one stage) with run.grid->data(), the
+// stage's place and the tensor communicator.
 void build_pipeline(Run& run);
 
 // The start-up report's pipeline part on rank 0: the grid (which world ranks form each stage),
@@ -71,7 +77,7 @@ void build_pipeline(Run& run);
 void report_pipeline(Run& run);
 
 // One optimizer step of this rank's stage (Engine::pipeline_step with this stage's list); `load`
-// is called only on the first and last stages.
+// is called only on the first and last stages. With one stage: Engine::step.
 StepStats pipeline_train_step(Run& run, const std::function<Batch(int micro)>& load);
 
 // What the step log needs from every stage.

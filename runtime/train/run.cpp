@@ -11,6 +11,7 @@
 #include "core/ledger.hpp"
 #include "core/log.hpp"
 #include "core/mpi_check.hpp"
+#include "models/gpt_tensor_parallel.hpp"
 #include "offload/memory_budget.hpp"
 #include "offload/thread_budget.hpp"
 #include "runtime/engine/from_config.hpp"
@@ -62,7 +63,7 @@ void report_run(const Run& run, DeviceKind kind, const offload::ThreadBudget& bu
                 "tokens per sequence",
                 run.flags.config.c_str(), c.ours.model_preset.empty() ? "" : (" " + c.ours.model_preset).c_str(),
                 shape.n_layer, shape.n_embd, shape.n_head, shape.vocab_size,
-                static_cast<long long>(run.model->parameter_count()), run.W, run.device->name().c_str(), o.stage,
+                static_cast<long long>(models::gpt_parameter_count(shape)), run.W, run.device->name().c_str(), o.stage,
                 o.offload_optimizer ? ", optimizer offloaded to host memory" : "",
                 o.offload_param ? ", parameters offloaded" : "",
                 std::string(to_string(o.param_type)).c_str(), c.batch.train_batch_size, run.B, run.GA, run.D,
@@ -167,7 +168,18 @@ int set_up_run(Run& run) {
   // Activations: fp32 on cpu (its kernels read 16-bit parameters as fp32); on cuda the
   // parameters' type (its kernels compute in fp32 on 16-bit storage of one type).
   const ScalarType act = kind == DeviceKind::cpu ? ScalarType::f32 : o.param_type;
-  run.model.emplace(models::make_gpt({run.shape, o.param_type, act}, *run.ops));
+  const config::Parallel& par = c.ours.parallel;
+  // The grid first when there is more than one axis: a tensor slice of the model is built over
+  // the grid's tensor communicator.
+  if ((par.pipeline > 1 || par.tensor > 1) &&
+      !on_all_ranks(world, "splitting the world into the process grid", [&] { build_grid(run); }))
+    return kExitFailure;
+  if (par.tensor > 1) {
+    run.tensor_counter = std::make_unique<coll::CountingCommunicator>(run.grid->tensor());
+    run.model.emplace(models::make_gpt_tensor_parallel({run.shape, o.param_type, act}, *run.ops, *run.tensor_counter));
+  }
+  else
+    run.model.emplace(models::make_gpt({run.shape, o.param_type, act}, *run.ops));
   run.W = world.size();
   // The batch rule's data-parallel size: world / (pipeline x tensor), resolved by the config.
   run.D = c.ours.parallel.data;
@@ -184,21 +196,25 @@ int set_up_run(Run& run) {
                                       : ""));
   for (const std::string& w : memory_warnings) log::warn(w);
   // Pipeline stages: the grid, the cut and the schedule first; the engine is then the stage's.
-  if (c.ours.parallel.pipeline > 1 &&
-      !on_all_ranks(world, "setting up " + std::to_string(c.ours.parallel.pipeline) + " pipeline stages",
-                    [&] { build_pipeline(run); }))
+  if (run.grid && !on_all_ranks(world, par.pipeline > 1 ? "setting up " + std::to_string(par.pipeline) + " pipeline stages"
+                                                        : std::string("setting up the grid"),
+                                 [&] { build_pipeline(run); }))
     return kExitFailure;
   if (!on_all_ranks(world, "the model does not fit", [&] {
-        if (run.pipe)
+        const TensorPlace tensor{run.tensor_counter.get()};
+        if (run.pipe && run.pipe->stage)
           run.engine = std::make_unique<Engine>(run.pipe->stage->view.model, device, *run.stream,
-                                                run.pipe->grid->data(), o, run.pipe->stage->place);
+                                                run.grid->data(), o, run.pipe->stage->place, tensor);
+        else if (run.grid)
+          run.engine = std::make_unique<Engine>(*run.model, device, *run.stream, run.grid->data(), o,
+                                                PipelinePlace{}, tensor);
         else
           run.engine = std::make_unique<Engine>(*run.model, device, *run.stream, *run.comm, o);
       }))
     return kExitFailure;
 
   if (run.pipe)
-    report_pipeline(run);  // the grid, each stage's Units and each stage's memory report
+    report_pipeline(run);  // the grid, each stage's Units, each rank's parameters, the memory reports
   else
     log::info(run.engine->memory_report());
   report_memory_per_rank(run);

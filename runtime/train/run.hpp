@@ -15,6 +15,8 @@
 #include <string>
 
 #include "collectives/communicator.hpp"
+#include "collectives/counting.hpp"
+#include "collectives/grid.hpp"
 #include "core/device.hpp"
 #include "core/stream.hpp"
 #include "core/unit.hpp"
@@ -62,10 +64,17 @@ struct Run {
   } allocation_stream_guard;
   std::unique_ptr<models::Ops> ops;
   EngineOptions options;
+  // With pipeline stages or tensor slices (zero_train.parallel.pipeline or .tensor > 1): the
+  // process grid, split from `comm`; null otherwise. Before the model: a tensor-parallel model's
+  // Units hold its tensor communicator.
+  std::unique_ptr<coll::ProcessGrid> grid;
+  // With tensor slices: the grid's tensor communicator, counted (the per-step traffic report);
+  // the model and the engine use this one.
+  std::unique_ptr<coll::CountingCommunicator> tensor_counter;
   std::optional<Model> model;
-  // With pipeline stages (zero_train.parallel.pipeline > 1): the grid, this rank's stage and its
-  // schedule (pipeline_run.hpp); null otherwise. Between the model (its stage view borrows the
-  // model's Units) and the engine (which borrows the view, the place and the grid's communicators).
+  // With a grid: this rank's coordinate, its stage and its schedule (pipeline_run.hpp); null
+  // otherwise. Between the model (its stage view borrows the model's Units) and the engine
+  // (which borrows the view, the place and the grid's communicators).
   std::unique_ptr<PipelineRun> pipe;
   std::unique_ptr<Engine> engine;
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "models/gpt_tensor_parallel.hpp"
 #include "core/log.hpp"
 #include "core/mpi_check.hpp"
 #include "models/gpt.hpp"
@@ -43,6 +44,8 @@ void check_stages(const config::Config& c) {
 
 void check_startup(const config::Config& c, const Flags& flags) {
   check_stages(c);
+  // Heads (and with them the MLP's columns) and the vocabulary split by the tensor degree.
+  models::check_tensor_parallel(c.ours.model, c.ours.parallel.tensor);
   (void)engine_options(c);
   if (flags.data.empty())
     check_model_fits_addition(models::data::AdditionTask(addition_options(c)), c.ours.model);

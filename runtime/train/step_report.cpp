@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 
 #include "core/log.hpp"
@@ -44,7 +45,7 @@ std::string metrics_line(nlohmann::json j) {
 }
 
 std::string StepReport::metrics(long long step, double loss, const StepStats& st, double tokens, double dt_step,
-                                const LedgerSnapshot& snap, std::optional<Bubble> bubble) const {
+                                const LedgerSnapshot& snap, const GridStep& grid) const {
   nlohmann::json j = {{"step", step},
                       {"loss", loss},
                       {"lr", st.lr},
@@ -59,10 +60,11 @@ std::string StepReport::metrics(long long step, double loss, const StepStats& st
                       {"host_bytes", snap.total[1].current},
                       {"device_peak_bytes", snap.total[0].peak},
                       {"host_peak_bytes", snap.total[1].peak}};
-  if (bubble) {
-    j["bubble"] = bubble->mean;
-    j["bubble_max"] = bubble->max;
+  if (grid.bubble) {
+    j["bubble"] = grid.bubble->mean;
+    j["bubble_max"] = grid.bubble->max;
   }
+  if (grid.tensor_bytes) j["tensor_comm_bytes"] = *grid.tensor_bytes;
   if (timers)
     j["time"] = {{"forward", st.time.forward},     {"backward", st.time.backward},
                  {"optimizer", st.time.optimizer}, {"comm_busy", st.time.comm_busy},
@@ -73,7 +75,7 @@ std::string StepReport::metrics(long long step, double loss, const StepStats& st
 }
 
 void StepReport::print(long long step, long long steps, double loss, const StepStats& st, double tokens, double dt,
-                       const LedgerSnapshot& snap, std::optional<Bubble> bubble) const {
+                       const LedgerSnapshot& snap, const GridStep& grid) const {
   // " (MFU x%)" where the peak is known, else nothing.
   auto mfu_text = [&](double flops_per_s) {
     if (!peak) return std::string();
@@ -82,10 +84,16 @@ void StepReport::print(long long step, long long steps, double loss, const StepS
     return std::string(b);
   };
   // " | bubble x% (mean over stages, max y%)" with pipeline stages.
-  char bubble_text[96] = "";
-  if (bubble)
+  // " | tensor comm X per rank" with tensor slices.
+  char bubble_text[160] = "";
+  if (grid.bubble)
     std::snprintf(bubble_text, sizeof bubble_text, " | bubble %.1f%% (mean over stages, max %.1f%%)",
-                  100.0 * bubble->mean, 100.0 * bubble->max);
+                  100.0 * grid.bubble->mean, 100.0 * grid.bubble->max);
+  if (grid.tensor_bytes) {
+    const size_t n = std::strlen(bubble_text);
+    std::snprintf(bubble_text + n, sizeof bubble_text - n, " | tensor comm %s/rank",
+                  format_bytes(static_cast<size_t>(*grid.tensor_bytes)).c_str());
+  }
   char line[1024];
   std::snprintf(line, sizeof line,
                 "step %lld/%lld | loss %.4f | lr %.3g | grad norm %.3g | loss scale %g%s | "

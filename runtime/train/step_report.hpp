@@ -31,6 +31,15 @@ struct Bubble {
   double mean = 0, max = 0;
 };
 
+// What a step of a run on a process grid adds to the report.
+struct GridStep {
+  std::optional<Bubble> bubble;  // with pipeline stages
+  // With tensor slices: the bytes this rank sent on its tensor communicator in the step (the
+  // blocks' all-reduces and the rest, counted as a ring algorithm sends them:
+  // coll::CountingCommunicator), the same on every rank of a tensor group.
+  std::optional<double> tensor_bytes;
+};
+
 // The figures a run's step reports derive from, fixed for the run.
 struct StepReport {
   // Model FLOPs per token (models::gpt_flops_per_token: 6 x the matmul parameters + attention,
@@ -45,13 +54,13 @@ struct StepReport {
 
   // The metrics-file line of step `step`: `loss` the mean over every rank, `tokens` trained by
   // every rank in this step, `seconds` its duration, `snap` this rank's ledger after it;
-  // `bubble` with pipeline stages ("bubble", "bubble_max").
+  // `grid` with pipeline stages ("bubble", "bubble_max") or tensor slices ("tensor_comm_bytes").
   std::string metrics(long long step, double loss, const StepStats& st, double tokens, double seconds,
-                      const LedgerSnapshot& snap, std::optional<Bubble> bubble = std::nullopt) const;
+                      const LedgerSnapshot& snap, const GridStep& grid = {}) const;
   // The log line(s) of step `step` of `steps`; `seconds` is the mean step time since the last
-  // printed step, so throughput covers the steps in between too; `bubble` as above (this step's).
+  // printed step, so throughput covers the steps in between too; `grid` as above (this step's).
   void print(long long step, long long steps, double loss, const StepStats& st, double tokens, double seconds,
-             const LedgerSnapshot& snap, std::optional<Bubble> bubble = std::nullopt) const;
+             const LedgerSnapshot& snap, const GridStep& grid = {}) const;
 };
 
 // Redraws the progress bar (carriage return, no newline) on stdout.

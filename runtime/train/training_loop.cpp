@@ -69,8 +69,8 @@ bool evaluate(Run& run, const HeldOutSet& held_out, long long step) {
       held_out, run.flags.eval_sequences, run.B, /*collective_forward=*/run.options.stage == 3,
       run.pipe ? run.pipe->data_comm : run.world.comm(),
       [&](const models::data::TokenBatch& tb, std::vector<int32_t>* argmax) {
-        return run.pipe ? run.engine->pipeline_evaluate(to_device(run, tb), argmax)
-                        : run.engine->evaluate(to_device(run, tb), argmax);
+        return run.pipe && run.pipe->stage ? run.engine->pipeline_evaluate(to_device(run, tb), argmax)
+                                           : run.engine->evaluate(to_device(run, tb), argmax);
       });
   // Exact match (addition task): a problem counts when every digit of its sum is the model's
   // most likely next token (teacher-forced; equal to greedy decoding for a causal model, see
@@ -165,6 +165,8 @@ int train_steps(Run& run, const HeldOutSet& held_out, long long first_step) {
       return to_device(run, read_or_end_job(world, "reading the training data",
                                             [&] { return run.data.train().batch(first, B, T); }));
     };
+    // The tensor communicator's bytes before the step (set-up and evaluation are not a step's).
+    const double tensor_sent = run.tensor_counter ? run.tensor_counter->traffic().ring_bytes() : 0.0;
     const StepStats st = run.pipe ? pipeline_train_step(run, load) : engine.step(load);
     const double dt_step = now_seconds() - t_step;
     ++since;
@@ -172,24 +174,25 @@ int train_steps(Run& run, const HeldOutSet& held_out, long long first_step) {
     // pipeline stages the last stages' losses, and the stages' bubbles.
     phase::set("the loss all-reduce");
     double loss = st.loss / W;
-    std::optional<Bubble> bubble;
+    GridStep grid;
+    if (run.tensor_counter) grid.tensor_bytes = run.tensor_counter->traffic().ring_bytes() - tensor_sent;
     if (run.pipe) {
       const PipelineStepFigures f = pipeline_step_figures(run, st);
       loss = f.loss;
-      bubble = Bubble{.mean = f.bubble_mean, .max = f.bubble_max};
+      if (run.pipe->stage) grid.bubble = Bubble{.mean = f.bubble_mean, .max = f.bubble_max};
     } else {
       ZERO_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, world.comm()));
     }
     const LedgerSnapshot snap = run.device->ledger().snapshot();
     const double tokens = static_cast<double>(D) * GA * B * T;
     std::string metrics_text;
-    if (world.is_root()) metrics_text = report.metrics(step, loss, st, tokens, dt_step, snap, bubble);
+    if (world.is_root()) metrics_text = report.metrics(step, loss, st, tokens, dt_step, snap, grid);
     const bool print = step % run.c.steps_per_print == 0 || step == steps || step == first_step;
     if (bar && !print) draw_progress_bar(step, steps, loss);
     if (print) {
       if (bar) clear_progress_bar();
       const double t = now_seconds(), dt = (t - t_last) / static_cast<double>(since);
-      report.print(step, steps, loss, st, tokens, dt, snap, bubble);
+      report.print(step, steps, loss, st, tokens, dt, snap, grid);
       t_last = t;
       since = 0;
     }

@@ -109,15 +109,19 @@ TEST_CASE("a grid the world does not divide is an error at the key that set it",
   CHECK_THAT(message_at(ds, "pipeline.stages"), ContainsSubstring("choose pipeline.stages"));
 }
 
-TEST_CASE("pipeline below 1, tensor slicing and a wrong data size are refused", "[parallel]") {
+TEST_CASE("pipeline or tensor below 1 and a wrong data size are refused", "[parallel]") {
   CHECK(message_at(with_parallel("\"pipeline\": 0", 1), "zero_train.parallel.pipeline") ==
         "expected an integer in 1..1048576, got 0");
   CHECK_THAT(message_at(with_parallel("\"pipeline\": 1.5", 1), "zero_train.parallel.pipeline"),
              ContainsSubstring("expected an integer"));
-  CHECK(message_at(with_parallel("\"tensor\": 2", 2), "zero_train.parallel.tensor") ==
-        "2: tensor slicing comes with issue 19; set 1 (or remove the key) and use pipeline or "
-        "data parallelism for now");
+  CHECK(message_at(with_parallel("\"tensor\": 0", 2), "zero_train.parallel.tensor") ==
+        "expected an integer in 1..1048576, got 0");
   CHECK(with_parallel("\"tensor\": 1", 2).ok());
+  CHECK(with_parallel("\"tensor\": 2", 2).ok());
+  CHECK(message_at(with_parallel("\"tensor\": 2, \"pipeline\": 2", 6), "zero_train.parallel.pipeline") ==
+        "6 ranks cannot be arranged as data x 2 pipeline x 2 tensor: pipeline x tensor = 4 does not "
+        "divide the world size 6; choose zero_train.parallel.pipeline (and zero_train.parallel.tensor) "
+        "so that their product divides the number of ranks, or launch a multiple of 4 ranks (mpirun -np)");
   CHECK(message_at(with_parallel("\"pipeline\": 2, \"data\": 4", 4), "zero_train.parallel.data") ==
         "is 4 but 4 ranks / (2 pipeline x 1 tensor) = 2; remove the key (\"auto\") to have it "
         "derived, or launch 8 ranks");
