@@ -59,9 +59,10 @@
 
 namespace zero::models {
 
-// Throws zero::Error unless `degree` >= 1 divides the heads (and so the MLP's 4 n_embd columns),
-// naming n_head, n_embd, the degree and the config keys (zero_train.model.n_head,
-// zero_train.parallel.tensor). For --validate as well as for make_*.
+// Throws zero::Error unless `degree` >= 1 divides the heads (and so the MLP's 4 n_embd columns)
+// and the vocabulary, naming n_head, n_embd or vocab_size, the degree and the config keys
+// (zero_train.model.n_head / vocab_size, zero_train.parallel.tensor). For --validate as well as
+// for make_*.
 void check_tensor_parallel(const GptShape& shape, int degree);
 
 // Appends the 12 parameters of block `layer` for tensor rank `rank` of `degree` to `params`
@@ -76,15 +77,18 @@ std::vector<int> add_tensor_parallel_block_params(std::vector<ParamSpec>& params
 
 // The whole model's parameter table for tensor rank `rank` of `degree`, without a communicator
 // (a re-slicer can list any rank's): make_gpt's names and order (wte, wpe, the n_layer blocks as
-// add_tensor_parallel_block_params lists them, ln_f), each with its slice metadata. The ends are
-// replicated: wte, wpe and ln_f whole on every rank. At degree 1 it is make_gpt's table (names,
-// shapes, types, initialisation, decay) with degree-1 slice markers.
+// add_tensor_parallel_block_params lists them, ln_f), each with its slice metadata. wte [V, C]
+// is sliced by vocabulary rows (dimension 0: rows [rank, rank + 1) V / degree); wpe and ln_f are
+// replicated. At degree 1 it is make_gpt's table (names, shapes, types, initialisation, decay)
+// with degree-1 slice markers.
 std::vector<ParamSpec> gpt_tensor_parallel_params(const GptOptions& options, int rank, int degree);
 
 // The whole GPT at tensor rank tensor.rank() of tensor.size(): make_gpt's Units (embedding, the
 // n_layer blocks, head) over gpt_tensor_parallel_params's table, the blocks split over `tensor`
-// (TensorParallelBlock), the embedding and head replicated (every rank computes the whole
-// logits and loss). Degree 1 is make_gpt op for op: bitwise the same results. Checks the
+// (GptBlock), the embedding and the tied head split by vocabulary (gpt_ends.hpp: Megatron's
+// vocabulary-parallel embedding and cross-entropy; the head's ctx.output is this rank's logits
+// [B, T, V/T], ctx.loss the whole loss, alike on every rank). Degree 1 is make_gpt op for op:
+// bitwise the same results. Checks the
 // options as make_gpt does and the degree as check_tensor_parallel; at degree > 1 activations
 // must be fp32, bf16 or fp16 and `tensor` of the ops' device kind. `ops` and `tensor` must
 // outlive the Model; every rank of the tensor group must run its Units in the same order.
