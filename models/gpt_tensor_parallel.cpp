@@ -1,5 +1,6 @@
 #include "models/gpt_tensor_parallel.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -157,6 +158,39 @@ Model make_gpt_tensor_parallel(const GptOptions& o, Ops& ops, coll::Communicator
   m.units.push_back(
       std::make_unique<GptHead>("head", std::vector<int>{lnf, lnf + 1, wte}, ops, o, group("head")));
   return m;
+}
+
+TensorParallelTraffic gpt_tensor_parallel_traffic(const GptOptions& o, int degree, int64_t micro_batch,
+                                                  int64_t seq_len, int checkpointed_blocks) {
+  check_tensor_parallel(o.shape, degree);
+  ZERO_REQUIRE(micro_batch >= 0 && seq_len >= 0 && checkpointed_blocks >= 0 &&
+                   checkpointed_blocks <= o.shape.n_layer,
+               "tensor parallel traffic: micro_batch " + std::to_string(micro_batch) + ", seq_len " +
+                   std::to_string(seq_len) + " and checkpointed blocks " + std::to_string(checkpointed_blocks) +
+                   " must be non-negative, the last at most n_layer " + std::to_string(o.shape.n_layer));
+  TensorParallelTraffic t;
+  t.degree = degree;
+  if (degree == 1) return t;  // no all-reduce runs
+  const int64_t rows = micro_batch * seq_len;
+  const int64_t act = rows * o.shape.n_embd * static_cast<int64_t>(size_of(o.activation_type));
+  const int64_t stat = rows * static_cast<int64_t>(size_of(ScalarType::f32));
+  const int64_t L = o.shape.n_layer;
+  const int64_t block_calls = 4 * L + 2 * checkpointed_blocks;
+  t.calls = block_calls + 4;                   // + embedding, head max, head sums, head backward
+  t.bytes = (block_calls + 2) * act + 3 * stat;  // the head's max and sums: 1 + 2 rows of fp32
+  return t;
+}
+
+TensorParallelTraffic measured_tensor_parallel_traffic(const Model& model) {
+  TensorParallelTraffic t;
+  for (const ParamSpec& p : model.params) t.degree = std::max(t.degree, p.slice.degree);
+  for (const auto& u : model.units) {
+    const auto* g = dynamic_cast<const GptUnit*>(u.get());
+    if (g == nullptr) continue;  // not a GPT Unit: no tensor all-reduces of ours
+    t.calls += g->all_reduce_calls();
+    t.bytes += g->all_reduce_bytes();
+  }
+  return t;
 }
 
 TensorParallelBlock::TensorParallelBlock(std::string name, std::vector<int> ids, Ops& ops, const GptOptions& o,

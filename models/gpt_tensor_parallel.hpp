@@ -94,6 +94,37 @@ std::vector<ParamSpec> gpt_tensor_parallel_params(const GptOptions& options, int
 // outlive the Model; every rank of the tensor group must run its Units in the same order.
 Model make_gpt_tensor_parallel(const GptOptions& options, Ops& ops, coll::Communicator& tensor);
 
+// What one tensor rank hands to the tensor group's all-reduces (docs/tensor-parallel.md,
+// "Communication"): `calls` all-reduces carrying `bytes` of payload (the buffers' bytes). A ring
+// all-reduce sends 2 (T-1)/T of its payload per rank and receives as much: wire_bytes().
+struct TensorParallelTraffic {
+  int64_t calls = 0;
+  int64_t bytes = 0;
+  int degree = 1;
+  double wire_bytes() const noexcept { return degree > 1 ? 2.0 * (degree - 1) / degree * double(bytes) : 0.0; }
+  friend bool operator==(const TensorParallelTraffic&, const TensorParallelTraffic&) = default;
+};
+
+// The traffic of one micro-batch of `micro_batch` sequences of `seq_len` tokens through
+// make_gpt_tensor_parallel's model at `degree`, forward and backward, with `checkpointed_blocks`
+// of the blocks recomputing their forward (activation checkpointing). With a = b s elements per
+// [b, s] row set, C = n_embd and A the activation type's bytes, per micro-batch:
+//   each block   4 all-reduces of a C A bytes (2 forward, 2 backward), +2 when checkpointed
+//   embedding    1 of a C A (forward)
+//   head         a 4 (the rows' max, fp32) and 2 a 4 (sum of exp and target logit) forward,
+//                a C A (ln_f's input gradient) backward
+// so 4 L + 4 calls, (4 L + 2) a C A + 12 a bytes; Megatron's 4 (all-reduces per layer) x 2 (T-1)/T
+// x b s h bytes per layer is wire_bytes() of the blocks' part. Degree 1: nothing. Per training
+// step multiply by the micro-batches (gradient accumulation steps). Pure: no communicator.
+TensorParallelTraffic gpt_tensor_parallel_traffic(const GptOptions& options, int degree,
+                                                  int64_t micro_batch, int64_t seq_len,
+                                                  int checkpointed_blocks = 0);
+
+// What the Units of `model` (make_gpt or make_gpt_tensor_parallel) have handed to tensor
+// all-reduces so far, summed over its Units: the measured counterpart of the formula above.
+// Counters only grow (one Model's lifetime); degree from the model's parameter slices.
+TensorParallelTraffic measured_tensor_parallel_traffic(const Model& model);
+
 // Block `name` (e.g. "h.3") of tensor rank tensor.rank() of tensor.size(), over the parameters
 // `ids` (from add_tensor_parallel_block_params with the same rank and degree): GptBlock
 // (gpt_block.hpp) over the group of `tensor`. `ops` and `tensor` must outlive it; `tensor` is

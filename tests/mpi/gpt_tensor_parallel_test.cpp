@@ -215,9 +215,14 @@ TEST_CASE("gpt tensor parallel: the whole model equals make_gpt (joint, split B/
     CHECK(rel_diff(got.logits, logit_columns(ref.result.logits, grid().tensor().rank(), grid().tensor().size())) <=
           kBound);
     // Two all-reduces per block forward, two backward (checkpointing repeats the forward two);
-    // the embedding one; the head two forward (max, sums) and one backward.
-    const int64_t per_block = mode == Mode::checkpoint ? 6 : 4;
+    // the embedding one; the head two forward (max, sums) and one backward: what was handed to
+    // the all-reduces is the formula's count and bytes.
+    const int per_block = mode == Mode::checkpoint ? 6 : 4;
     CHECK(tp.all_reduce_calls() == (grid().tensor().size() > 1 ? per_block * kShape.n_layer + 4 : 0));
+    const models::TensorParallelTraffic measured = models::measured_tensor_parallel_traffic(tp.model);
+    const models::TensorParallelTraffic formula = models::gpt_tensor_parallel_traffic(
+        options(), grid().tensor().size(), kB, kShape.seq_len, mode == Mode::checkpoint ? kShape.n_layer : 0);
+    CHECK(measured == formula);
   }
 }
 
@@ -279,6 +284,31 @@ TEST_CASE("gpt tensor parallel: the comparison sees a shard with the wrong vocab
   const double d = std::fabs(got.loss - ref.result.loss) / std::fabs(ref.result.loss);
   if (print()) std::printf("[rank %d] wrong vocabulary range: loss differs by %.3g\n", grid().tensor().rank(), d);
   CHECK(d > 100 * kBound);
+}
+
+TEST_CASE("gpt tensor parallel: the traffic formula is Megatron's per layer, plus the ends") {
+  for (int T : {2, 4, 8}) {
+    INFO("degree " << T);
+    models::GptOptions o = options();
+    o.shape.n_layer = 3;
+    const int64_t b = 4, s = 8, C = kShape.n_embd, a = b * s * C * 4;  // fp32 activations
+    const models::TensorParallelTraffic t = models::gpt_tensor_parallel_traffic(o, T, b, s);
+    CHECK(t.calls == 4 * 3 + 4);
+    CHECK(t.bytes == (4 * 3 + 2) * a + 3 * b * s * 4);
+    CHECK(t.wire_bytes() == 2.0 * (T - 1) / T * double(t.bytes));
+    // One more layer adds Megatron's 4 all-reduces of b s h: 4 x 2 (T-1)/T x b s h bytes sent.
+    models::GptOptions more = o;
+    more.shape.n_layer = 4;
+    const double per_layer = models::gpt_tensor_parallel_traffic(more, T, b, s).wire_bytes() - t.wire_bytes();
+    CHECK(per_layer == 4 * 2.0 * (T - 1) / T * double(a));
+    // Recomputing a block repeats its 2 forward all-reduces; bf16 activations halve them.
+    CHECK(models::gpt_tensor_parallel_traffic(o, T, b, s, 3).bytes == t.bytes + 3 * 2 * a);
+    models::GptOptions half = o;
+    half.activation_type = ScalarType::bf16;
+    half.param_type = ScalarType::bf16;
+    CHECK(models::gpt_tensor_parallel_traffic(half, T, b, s).bytes == (4 * 3 + 2) * a / 2 + 3 * b * s * 4);
+  }
+  CHECK(models::gpt_tensor_parallel_traffic(options(), 1, kB, 8) == models::TensorParallelTraffic{});
 }
 
 TEST_CASE("gpt tensor parallel: bad degrees and ranks are clear errors") {
