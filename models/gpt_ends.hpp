@@ -11,8 +11,19 @@
 //   logits' gradient and ln_f's output; backward_input does the cross-entropy, the head's input
 //   gradient and ln_f (with its weight and bias gradients).
 //
-// Both are built over a TensorGroup of degree 1 here: every rank computes them whole
-// (replicated ends).
+// Vocabulary-parallel (a TensorGroup of T > 1 ranks; Megatron's VocabParallelEmbedding and
+// parallel cross-entropy, docs/tensor-parallel.md): rank t holds wte rows [t V/T, (t+1) V/T).
+//   Embedding: the rank looks up the tokens in its range (0 for the others), rank 0 adds wpe,
+//     one all-reduce (sum) gives the whole embedding on every rank. Backward: the whole output
+//     gradient is on every rank; it adds into its own wte rows, and wpe's gradient whole.
+//   Head: ln_f replicated; local logits [B,T,V/T] = ln_f(x) wte_shard^T; the loss from the rows'
+//     max (all-reduce max) and their sum of exp and target logit (one all-reduce sum of both),
+//     never gathering the logits; ctx.output is the local logits [B,T,V/T]. Backward: the
+//     shard's softmax minus one-hot, its partial input gradient summed over the group (f's
+//     backward) before ln_f's backward; the wte shard's gradient from the local logits' one.
+//   Per micro-batch: all-reduces of B T C (embedding), B T (max) and 2 B T (sums) elements in
+//   forward, B T C in backward.
+// At T = 1 both run make_gpt's ops exactly (bitwise the unsplit ends).
 #pragma once
 
 #include <string>
@@ -23,18 +34,30 @@
 
 namespace zero::models {
 
-class GptEmbedding final : public SplitBackward<GptUnit> {
+// The ends' shared part: this rank's first vocabulary entry.
+class GptEnd : public SplitBackward<GptUnit> {
  public:
-  using SplitBackward::SplitBackward;
+  // The group's size must divide the vocabulary (checked).
+  GptEnd(std::string name, std::vector<int> ids, Ops& ops, const GptOptions& o, TensorGroup group);
+
+ protected:
+  int64_t vocab_begin() const noexcept {
+    return static_cast<int64_t>(group_.rank()) * (opt_.shape.vocab_size / group_.size());
+  }
+};
+
+class GptEmbedding final : public GptEnd {
+ public:
+  using GptEnd::GptEnd;
   void forward(UnitContext& ctx) override;
 
  protected:
   void backward_with(UnitContext& ctx, WeightGrads& wg) override;
 };
 
-class GptHead final : public SplitBackward<GptUnit> {
+class GptHead final : public GptEnd {
  public:
-  using SplitBackward::SplitBackward;
+  using GptEnd::GptEnd;
   void forward(UnitContext& ctx) override;
 
  protected:

@@ -1,5 +1,6 @@
 #include "models/gpt_tensor_parallel.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -23,6 +24,12 @@ void check_tensor_parallel(const GptShape& s, int degree) {
                    " columns (and n_embd " + std::to_string(s.n_embd) +
                    ") are not divisible by the tensor-parallel degree " + std::to_string(degree) +
                    " (zero_train.model.n_embd, zero_train.parallel.tensor)");
+  // The token embedding and the tied head are split by vocabulary rows, equal parts per rank.
+  ZERO_REQUIRE(s.vocab_size % degree == 0,
+               "tensor parallel: vocab_size " + std::to_string(s.vocab_size) +
+                   " is not divisible by the tensor-parallel degree " + std::to_string(degree) +
+                   ": the embedding and the LM head are split by vocabulary rows; pad the vocabulary to a "
+                   "multiple of the degree (zero_train.model.vocab_size, zero_train.parallel.tensor)");
 }
 
 std::vector<int> add_tensor_parallel_block_params(std::vector<ParamSpec>& params, const GptOptions& o,
@@ -109,7 +116,12 @@ std::vector<ParamSpec> gpt_tensor_parallel_params(const GptOptions& o, int rank,
   const int64_t C = s.n_embd;
   // make_gpt's order: wte, wpe, the blocks, ln_f (models/gpt.cpp; a test compares the tables).
   std::vector<ParamSpec> params;
-  params.push_back(replicated(o, "wte.weight", Shape{s.vocab_size, C}, ParamInit::normal, rank, degree));
+  // wte [V, C]: rows [rank, rank + 1) V / degree (the vocabulary-parallel embedding and head).
+  ParamSpec wte = replicated(o, "wte.weight", Shape{s.vocab_size, C}, ParamInit::normal, rank, degree);
+  wte.shape = Shape{s.vocab_size / degree, C};
+  wte.slice.split = TensorSplit::sliced;
+  check_param_slice(wte);
+  params.push_back(std::move(wte));
   params.push_back(replicated(o, "wpe.weight", Shape{s.seq_len, C}, ParamInit::normal, rank, degree));
   for (int l = 0; l < s.n_layer; ++l) (void)add_tensor_parallel_block_params(params, o, l, rank, degree);
   params.push_back(replicated(o, "ln_f.weight", Shape{C}, ParamInit::ones, rank, degree));
@@ -130,20 +142,55 @@ Model make_gpt_tensor_parallel(const GptOptions& o, Ops& ops, coll::Communicator
   if (degree > 1) m.name += " tensor rank " + std::to_string(rank) + " of " + std::to_string(degree);
   m.params = gpt_tensor_parallel_params(o, rank, degree);
   const int wte = 0, wpe = 1;
-  // The replicated ends compute alone on every rank: a group of one (no all-reduce).
-  m.units.push_back(std::make_unique<GptEmbedding>("embedding", std::vector<int>{wte, wpe}, ops, o, TensorGroup()));
+  // Each Unit its own group (its own event); degree 1 needs no communicator: make_gpt's Units
+  // exactly.
+  auto group = [&](const std::string& name) {
+    return degree > 1 ? TensorGroup(tensor, ops.device(), "gpt unit " + name) : TensorGroup();
+  };
+  m.units.push_back(std::make_unique<GptEmbedding>("embedding", std::vector<int>{wte, wpe}, ops, o, group("embedding")));
   for (int l = 0; l < s.n_layer; ++l) {
     std::vector<int> ids;
     for (int i = 0; i < 12; ++i) ids.push_back(2 + 12 * l + i);
     const std::string name = "h." + std::to_string(l);
-    // Degree 1 needs no communicator: make_gpt's block exactly.
-    TensorGroup group = degree > 1 ? TensorGroup(tensor, ops.device(), "gpt unit " + name) : TensorGroup();
-    m.units.push_back(std::make_unique<GptBlock>(name, std::move(ids), ops, o, std::move(group)));
+    m.units.push_back(std::make_unique<GptBlock>(name, std::move(ids), ops, o, group(name)));
   }
   const int lnf = 2 + 12 * s.n_layer;
   m.units.push_back(
-      std::make_unique<GptHead>("head", std::vector<int>{lnf, lnf + 1, wte}, ops, o, TensorGroup()));
+      std::make_unique<GptHead>("head", std::vector<int>{lnf, lnf + 1, wte}, ops, o, group("head")));
   return m;
+}
+
+TensorParallelTraffic gpt_tensor_parallel_traffic(const GptOptions& o, int degree, int64_t micro_batch,
+                                                  int64_t seq_len, int checkpointed_blocks) {
+  check_tensor_parallel(o.shape, degree);
+  ZERO_REQUIRE(micro_batch >= 0 && seq_len >= 0 && checkpointed_blocks >= 0 &&
+                   checkpointed_blocks <= o.shape.n_layer,
+               "tensor parallel traffic: micro_batch " + std::to_string(micro_batch) + ", seq_len " +
+                   std::to_string(seq_len) + " and checkpointed blocks " + std::to_string(checkpointed_blocks) +
+                   " must be non-negative, the last at most n_layer " + std::to_string(o.shape.n_layer));
+  TensorParallelTraffic t;
+  t.degree = degree;
+  if (degree == 1) return t;  // no all-reduce runs
+  const int64_t rows = micro_batch * seq_len;
+  const int64_t act = rows * o.shape.n_embd * static_cast<int64_t>(size_of(o.activation_type));
+  const int64_t stat = rows * static_cast<int64_t>(size_of(ScalarType::f32));
+  const int64_t L = o.shape.n_layer;
+  const int64_t block_calls = 4 * L + 2 * checkpointed_blocks;
+  t.calls = block_calls + 4;                   // + embedding, head max, head sums, head backward
+  t.bytes = (block_calls + 2) * act + 3 * stat;  // the head's max and sums: 1 + 2 rows of fp32
+  return t;
+}
+
+TensorParallelTraffic measured_tensor_parallel_traffic(const Model& model) {
+  TensorParallelTraffic t;
+  for (const ParamSpec& p : model.params) t.degree = std::max(t.degree, p.slice.degree);
+  for (const auto& u : model.units) {
+    const auto* g = dynamic_cast<const GptUnit*>(u.get());
+    if (g == nullptr) continue;  // not a GPT Unit: no tensor all-reduces of ours
+    t.calls += g->all_reduce_calls();
+    t.bytes += g->all_reduce_bytes();
+  }
+  return t;
 }
 
 TensorParallelBlock::TensorParallelBlock(std::string name, std::vector<int> ids, Ops& ops, const GptOptions& o,

@@ -59,9 +59,10 @@
 
 namespace zero::models {
 
-// Throws zero::Error unless `degree` >= 1 divides the heads (and so the MLP's 4 n_embd columns),
-// naming n_head, n_embd, the degree and the config keys (zero_train.model.n_head,
-// zero_train.parallel.tensor). For --validate as well as for make_*.
+// Throws zero::Error unless `degree` >= 1 divides the heads (and so the MLP's 4 n_embd columns)
+// and the vocabulary, naming n_head, n_embd or vocab_size, the degree and the config keys
+// (zero_train.model.n_head / vocab_size, zero_train.parallel.tensor). For --validate as well as
+// for make_*.
 void check_tensor_parallel(const GptShape& shape, int degree);
 
 // Appends the 12 parameters of block `layer` for tensor rank `rank` of `degree` to `params`
@@ -76,19 +77,53 @@ std::vector<int> add_tensor_parallel_block_params(std::vector<ParamSpec>& params
 
 // The whole model's parameter table for tensor rank `rank` of `degree`, without a communicator
 // (a re-slicer can list any rank's): make_gpt's names and order (wte, wpe, the n_layer blocks as
-// add_tensor_parallel_block_params lists them, ln_f), each with its slice metadata. The ends are
-// replicated: wte, wpe and ln_f whole on every rank. At degree 1 it is make_gpt's table (names,
-// shapes, types, initialisation, decay) with degree-1 slice markers.
+// add_tensor_parallel_block_params lists them, ln_f), each with its slice metadata. wte [V, C]
+// is sliced by vocabulary rows (dimension 0: rows [rank, rank + 1) V / degree); wpe and ln_f are
+// replicated. At degree 1 it is make_gpt's table (names, shapes, types, initialisation, decay)
+// with degree-1 slice markers.
 std::vector<ParamSpec> gpt_tensor_parallel_params(const GptOptions& options, int rank, int degree);
 
 // The whole GPT at tensor rank tensor.rank() of tensor.size(): make_gpt's Units (embedding, the
 // n_layer blocks, head) over gpt_tensor_parallel_params's table, the blocks split over `tensor`
-// (TensorParallelBlock), the embedding and head replicated (every rank computes the whole
-// logits and loss). Degree 1 is make_gpt op for op: bitwise the same results. Checks the
+// (GptBlock), the embedding and the tied head split by vocabulary (gpt_ends.hpp: Megatron's
+// vocabulary-parallel embedding and cross-entropy; the head's ctx.output is this rank's logits
+// [B, T, V/T], ctx.loss the whole loss, alike on every rank). Degree 1 is make_gpt op for op:
+// bitwise the same results. Checks the
 // options as make_gpt does and the degree as check_tensor_parallel; at degree > 1 activations
 // must be fp32, bf16 or fp16 and `tensor` of the ops' device kind. `ops` and `tensor` must
 // outlive the Model; every rank of the tensor group must run its Units in the same order.
 Model make_gpt_tensor_parallel(const GptOptions& options, Ops& ops, coll::Communicator& tensor);
+
+// What one tensor rank hands to the tensor group's all-reduces (docs/tensor-parallel.md,
+// "Communication"): `calls` all-reduces carrying `bytes` of payload (the buffers' bytes). A ring
+// all-reduce sends 2 (T-1)/T of its payload per rank and receives as much: wire_bytes().
+struct TensorParallelTraffic {
+  int64_t calls = 0;
+  int64_t bytes = 0;
+  int degree = 1;
+  double wire_bytes() const noexcept { return degree > 1 ? 2.0 * (degree - 1) / degree * double(bytes) : 0.0; }
+  friend bool operator==(const TensorParallelTraffic&, const TensorParallelTraffic&) = default;
+};
+
+// The traffic of one micro-batch of `micro_batch` sequences of `seq_len` tokens through
+// make_gpt_tensor_parallel's model at `degree`, forward and backward, with `checkpointed_blocks`
+// of the blocks recomputing their forward (activation checkpointing). With a = b s elements per
+// [b, s] row set, C = n_embd and A the activation type's bytes, per micro-batch:
+//   each block   4 all-reduces of a C A bytes (2 forward, 2 backward), +2 when checkpointed
+//   embedding    1 of a C A (forward)
+//   head         a 4 (the rows' max, fp32) and 2 a 4 (sum of exp and target logit) forward,
+//                a C A (ln_f's input gradient) backward
+// so 4 L + 4 calls, (4 L + 2) a C A + 12 a bytes; Megatron's 4 (all-reduces per layer) x 2 (T-1)/T
+// x b s h bytes per layer is wire_bytes() of the blocks' part. Degree 1: nothing. Per training
+// step multiply by the micro-batches (gradient accumulation steps). Pure: no communicator.
+TensorParallelTraffic gpt_tensor_parallel_traffic(const GptOptions& options, int degree,
+                                                  int64_t micro_batch, int64_t seq_len,
+                                                  int checkpointed_blocks = 0);
+
+// What the Units of `model` (make_gpt or make_gpt_tensor_parallel) have handed to tensor
+// all-reduces so far, summed over its Units: the measured counterpart of the formula above.
+// Counters only grow (one Model's lifetime); degree from the model's parameter slices.
+TensorParallelTraffic measured_tensor_parallel_traffic(const Model& model);
 
 // Block `name` (e.g. "h.3") of tensor rank tensor.rank() of tensor.size(), over the parameters
 // `ids` (from add_tensor_parallel_block_params with the same rank and degree): GptBlock

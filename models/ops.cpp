@@ -362,6 +362,111 @@ void Ops::cross_entropy_backward(const Tensor& dlogits, const Tensor& logits,
   do_cross_entropy_backward(dlogits, logits, targets, scale);
 }
 
+namespace {
+// A vocabulary shard [vocab_begin, vocab_begin + Vs) inside [0, vocab_size).
+void check_shard(const Check& c, int64_t Vs, int64_t vocab_begin, int64_t vocab_size) {
+  if (Vs < 1 || vocab_begin < 0 || vocab_begin + Vs > vocab_size)
+    c.fail("the shard [" + std::to_string(vocab_begin) + ", " + std::to_string(vocab_begin + Vs) +
+           ") is not a non-empty part of the vocabulary [0, " + std::to_string(vocab_size) + ")");
+}
+}  // namespace
+
+void Ops::embedding_forward_shard(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                  const Tensor& wpe, int64_t vocab_begin, int64_t vocab_size) {
+  const Check c("embedding_forward_shard", device_.kind());
+  c.type("tokens", tokens, ScalarType::i32);
+  c.rank("tokens", tokens, 2);
+  const ScalarType a = c.activation("out", out);
+  c.rank("wte", wte, 2);
+  const int64_t B = tokens.shape()[0], T = tokens.shape()[1], C = wte.shape()[1];
+  c.param("wte", wte, wte.shape(), a);
+  check_shard(c, wte.shape()[0], vocab_begin, vocab_size);
+  if (wpe) {
+    c.rank("wpe", wpe, 2);
+    c.param("wpe", wpe, Shape{wpe.shape()[0], C}, a);
+    if (T > wpe.shape()[0])
+      c.fail("a sequence of " + std::to_string(T) + " tokens is longer than the " +
+             std::to_string(wpe.shape()[0]) + " positions of wpe");
+  }
+  c.shape("out", out, Shape{B, T, C});
+  do_embedding_forward_shard(out, tokens, wte, wpe, vocab_begin, vocab_size);
+}
+
+void Ops::embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                   const Tensor& tokens, int64_t vocab_begin, int64_t vocab_size) {
+  const Check c("embedding_backward_shard", device_.kind());
+  c.type("tokens", tokens, ScalarType::i32);
+  c.rank("tokens", tokens, 2);
+  const ScalarType a = c.activation("dout", dout);
+  c.rank("dwte", dwte, 2);
+  const int64_t B = tokens.shape()[0], T = tokens.shape()[1], C = dwte.shape()[1];
+  c.shape("dout", dout, Shape{B, T, C});
+  c.grad("dwte", dwte, dwte.shape(), a);
+  check_shard(c, dwte.shape()[0], vocab_begin, vocab_size);
+  if (dwpe) {
+    c.rank("dwpe", dwpe, 2);
+    c.grad("dwpe", dwpe, Shape{dwpe.shape()[0], C}, a);
+    if (T > dwpe.shape()[0])
+      c.fail("a sequence of " + std::to_string(T) + " tokens is longer than the " +
+             std::to_string(dwpe.shape()[0]) + " positions of dwpe");
+  }
+  do_embedding_backward_shard(dwte, dwpe, dout, tokens, vocab_begin, vocab_size);
+}
+
+void Ops::cross_entropy_shard_max(const Tensor& rowmax, const Tensor& logits) {
+  const Check c("cross_entropy_shard_max", device_.kind());
+  const ScalarType a = c.activation("logits", logits);
+  c.at_least_rank("logits", logits, 1);
+  if (logits.shape().back() < 1) c.fail("logits is " + str(logits) + ": a shard has at least one column");
+  c.stats("rowmax", rowmax, logits.shape().rows(), a);
+  do_cross_entropy_shard_max(rowmax, logits);
+}
+
+void Ops::cross_entropy_shard_sums(const Tensor& sums, const Tensor& logits, const Tensor& rowmax,
+                                   const Tensor& targets, int64_t vocab_begin, int64_t vocab_size) {
+  const Check c("cross_entropy_shard_sums", device_.kind());
+  const ScalarType a = c.activation("logits", logits);
+  c.at_least_rank("logits", logits, 1);
+  const int64_t rows = logits.shape().rows();
+  check_shard(c, logits.shape().back(), vocab_begin, vocab_size);
+  c.type("targets", targets, ScalarType::i32);
+  c.numel("targets", targets, rows);
+  c.stats("rowmax", rowmax, rows, a);
+  c.stats("sums", sums, 2 * rows, a);
+  do_cross_entropy_shard_sums(sums, logits, rowmax, targets, vocab_begin, vocab_size);
+}
+
+void Ops::cross_entropy_shard_loss(const Tensor& loss, const Tensor& losses, const Tensor& rowmax,
+                                   const Tensor& sums, const Tensor& targets) {
+  const Check c("cross_entropy_shard_loss", device_.kind());
+  c.type("targets", targets, ScalarType::i32);
+  const int64_t rows = targets.numel();
+  c.defined("rowmax", rowmax);
+  const ScalarType a = rowmax.type() == ScalarType::f64 ? ScalarType::f64 : ScalarType::f32;
+  c.stats("rowmax", rowmax, rows, a);
+  c.stats("sums", sums, 2 * rows, a);
+  c.stats("losses", losses, rows, a);
+  c.stats("loss", loss, 1, a);
+  do_cross_entropy_shard_loss(loss, losses, rowmax, sums, targets);
+}
+
+void Ops::cross_entropy_shard_backward(const Tensor& dlogits, const Tensor& logits,
+                                       const Tensor& rowmax, const Tensor& sums,
+                                       const Tensor& targets, int64_t vocab_begin,
+                                       int64_t vocab_size, float scale) {
+  const Check c("cross_entropy_shard_backward", device_.kind());
+  const ScalarType a = c.activation("logits", logits);
+  c.at_least_rank("logits", logits, 1);
+  const int64_t rows = logits.shape().rows();
+  check_shard(c, logits.shape().back(), vocab_begin, vocab_size);
+  c.type("targets", targets, ScalarType::i32);
+  c.numel("targets", targets, rows);
+  c.stats("rowmax", rowmax, rows, a);
+  c.stats("sums", sums, 2 * rows, a);
+  c.same("dlogits", dlogits, logits);
+  do_cross_entropy_shard_backward(dlogits, logits, rowmax, sums, targets, vocab_begin, vocab_size, scale);
+}
+
 void Ops::zero(const Tensor& t) {
   const Check c("zero", device_.kind());
   c.defined("t", t);

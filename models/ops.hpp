@@ -115,6 +115,45 @@ class Ops {
   void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
                               float scale);
 
+  // ---- Vocabulary-parallel ends (Megatron's VocabParallelEmbedding and parallel cross-entropy;
+  // docs/tensor-parallel.md). A shard holds vocabulary entries [vocab_begin, vocab_begin + Vs)
+  // of vocab_size: rows of wte [Vs,C], columns of logits [N,Vs]. Token ids and targets are
+  // checked against vocab_size as the whole ops check them against V; an id outside the shard
+  // is valid and contributes nothing here (another rank of the tensor group has it).
+
+  // out[b,t,:] = (tokens[b,t] in the shard ? wte[tokens[b,t] - vocab_begin, :] : 0) + wpe[t,:];
+  // wpe may be empty (no position term: the tensor ranks but one). With the whole vocabulary
+  // and wpe it is embedding_forward.
+  void embedding_forward_shard(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                               const Tensor& wpe, int64_t vocab_begin, int64_t vocab_size);
+  // dwte[tokens[b,t] - vocab_begin, :] += dout[b,t,:] for the tokens in the shard only (rows
+  // summed in (b,t) order, as embedding_backward); dwpe as embedding_backward, or skipped when
+  // empty.
+  void embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                const Tensor& tokens, int64_t vocab_begin, int64_t vocab_size);
+
+  // The cross-entropy of logits whose columns are split over the tensor group, never gathering
+  // them: three phases with an all-reduce between each (the caller's), then backward.
+  //   1. rowmax [N] = the max of each row of this shard's logits [N,Vs].   -> all-reduce (max)
+  void cross_entropy_shard_max(const Tensor& rowmax, const Tensor& logits);
+  //   2. with rowmax the whole rows' max: sums [2,N], sums[0,r] = sum over this shard of
+  //      exp(logits[r,j] - rowmax[r]) and sums[1,r] = logits[r, targets[r] - vocab_begin] when
+  //      the target is in the shard, else 0 (ignored rows: 0).       -> all-reduce (sum) of both
+  void cross_entropy_shard_sums(const Tensor& sums, const Tensor& logits, const Tensor& rowmax,
+                                const Tensor& targets, int64_t vocab_begin, int64_t vocab_size);
+  //   3. with sums summed over the group: losses[r] = log(sums[0,r]) + rowmax[r] - sums[1,r]
+  //      (0 for ignored rows) and loss [1] = their mean over the rows that count, with
+  //      cross_entropy_forward's convention and precision (cpu: the mean in double).
+  void cross_entropy_shard_loss(const Tensor& loss, const Tensor& losses, const Tensor& rowmax,
+                                const Tensor& sums, const Tensor& targets);
+  // dlogits [N,Vs] = scale * (exp(logits - rowmax) / sums[0] - onehot(targets - vocab_begin))
+  // / (rows that count): this shard's columns of cross_entropy_backward's result; 0 for ignored
+  // rows. rowmax and sums as phases 1 to 3 left them.
+  void cross_entropy_shard_backward(const Tensor& dlogits, const Tensor& logits,
+                                    const Tensor& rowmax, const Tensor& sums,
+                                    const Tensor& targets, int64_t vocab_begin,
+                                    int64_t vocab_size, float scale);
+
   // Zero bytes, for gradient buffers.
   void zero(const Tensor& t);
 
@@ -155,6 +194,23 @@ class Ops {
                                         const Tensor& logits, const Tensor& targets) = 0;
   virtual void do_cross_entropy_backward(const Tensor& dlogits, const Tensor& logits,
                                          const Tensor& targets, float scale) = 0;
+  virtual void do_embedding_forward_shard(const Tensor& out, const Tensor& tokens,
+                                          const Tensor& wte, const Tensor& wpe,
+                                          int64_t vocab_begin, int64_t vocab_size) = 0;
+  virtual void do_embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe,
+                                           const Tensor& dout, const Tensor& tokens,
+                                           int64_t vocab_begin, int64_t vocab_size) = 0;
+  virtual void do_cross_entropy_shard_max(const Tensor& rowmax, const Tensor& logits) = 0;
+  virtual void do_cross_entropy_shard_sums(const Tensor& sums, const Tensor& logits,
+                                           const Tensor& rowmax, const Tensor& targets,
+                                           int64_t vocab_begin, int64_t vocab_size) = 0;
+  virtual void do_cross_entropy_shard_loss(const Tensor& loss, const Tensor& losses,
+                                           const Tensor& rowmax, const Tensor& sums,
+                                           const Tensor& targets) = 0;
+  virtual void do_cross_entropy_shard_backward(const Tensor& dlogits, const Tensor& logits,
+                                               const Tensor& rowmax, const Tensor& sums,
+                                               const Tensor& targets, int64_t vocab_begin,
+                                               int64_t vocab_size, float scale) = 0;
   virtual void do_zero(const Tensor& t) = 0;
   virtual void do_check_errors() = 0;
 

@@ -54,6 +54,17 @@ void WeightGrads::embedding(int dwte, int dwpe, const Tensor& dout, const Tensor
   deferred_->products.push_back({DeferredWeightGrads::Kind::embedding, dout, tokens, dwte, dwpe});
 }
 
+void WeightGrads::embedding_shard(int dwte, int dwpe, const Tensor& dout, const Tensor& tokens,
+                                  int64_t vocab_begin, int64_t vocab_size) {
+  if (!deferred_) {
+    ops_.embedding_backward_shard(grad_at(grads_, dwte), grad_at(grads_, dwpe), dout, tokens, vocab_begin,
+                                  vocab_size);
+    return;
+  }
+  deferred_->products.push_back(
+      {DeferredWeightGrads::Kind::embedding, dout, tokens, dwte, dwpe, vocab_begin, vocab_size});
+}
+
 void run_deferred(Ops& ops, const DeferredWeightGrads& d, const std::vector<Tensor>& grads,
                   const std::string& unit) {
   for (const DeferredWeightGrads::Product& p : d.products) {
@@ -69,7 +80,11 @@ void run_deferred(Ops& ops, const DeferredWeightGrads& d, const std::vector<Tens
         ops.linear_t_backward_weight(grad_at(grads, p.dw), p.dy, p.x);
         break;
       case DeferredWeightGrads::Kind::embedding:
-        ops.embedding_backward(grad_at(grads, p.dw), grad_at(grads, p.db), p.dy, p.x);
+        if (p.vocab_size > 0)
+          ops.embedding_backward_shard(grad_at(grads, p.dw), grad_at(grads, p.db), p.dy, p.x, p.vocab_begin,
+                                       p.vocab_size);
+        else
+          ops.embedding_backward(grad_at(grads, p.dw), grad_at(grads, p.db), p.dy, p.x);
         break;
     }
   }

@@ -30,6 +30,9 @@ struct DeferredWeightGrads final : UnitState {
     Tensor x;       // input of the product (embedding: the int32 token ids)
     int dw = -1;    // index into ctx.grads of the weight's gradient (embedding: wte's)
     int db = -1;    // of the bias (linear) or of wpe (embedding); -1: none
+    // embedding of a vocabulary shard (embedding_backward_shard): its first entry and the whole
+    // vocabulary; vocab_size 0: the whole table (embedding_backward).
+    int64_t vocab_begin = 0, vocab_size = 0;
   };
   std::vector<Product> products;
 
@@ -52,6 +55,10 @@ class WeightGrads {
   // embedding_backward(grads[dwte], grads[dwpe], dout, tokens): all of it is a weight gradient,
   // so the input part does nothing.
   void embedding(int dwte, int dwpe, const Tensor& dout, const Tensor& tokens);
+  // embedding_backward_shard(grads[dwte], grads[dwpe], dout, tokens, vocab_begin, vocab_size),
+  // all of it weight gradient as above.
+  void embedding_shard(int dwte, int dwpe, const Tensor& dout, const Tensor& tokens,
+                       int64_t vocab_begin, int64_t vocab_size);
 
  private:
   Ops& ops_;

@@ -248,6 +248,75 @@ class CpuOps final : public Ops {
     });
   }
 
+  // ---- vocabulary-parallel ends --------------------------------------------------------------
+
+  void do_embedding_forward_shard(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                  const Tensor& wpe, int64_t v0, int64_t V) override {
+    enqueue([out, tokens, wte, wpe, v0, V] {
+      with_compute_type(out.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::embedding_forward_shard<F>(ptr<F>(out), tokens.data_as<int32_t>(), param<F>(wte),
+                                        param<F>(wpe), wpe.defined(), tokens.shape()[0],
+                                        tokens.shape()[1], wte.shape()[1], v0, wte.shape()[0], V);
+      });
+    });
+  }
+
+  void do_embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                   const Tensor& tokens, int64_t v0, int64_t V) override {
+    enqueue([dwte, dwpe, dout, tokens, v0, V] {
+      with_compute_type(dout.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::embedding_backward_shard<F>(grad<F>(dwte), grad<F>(dwpe), dwpe.defined(), ptr<F>(dout),
+                                         tokens.data_as<int32_t>(), tokens.shape()[0],
+                                         tokens.shape()[1], dwte.shape()[1], v0, dwte.shape()[0], V);
+      });
+    });
+  }
+
+  void do_cross_entropy_shard_max(const Tensor& rowmax, const Tensor& logits) override {
+    enqueue([rowmax, logits] {
+      with_compute_type(logits.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::cross_entropy_shard_max<F>(ptr<F>(rowmax), ptr<F>(logits), logits.shape().rows(),
+                                        logits.shape().back());
+      });
+    });
+  }
+
+  void do_cross_entropy_shard_sums(const Tensor& sums, const Tensor& logits, const Tensor& rowmax,
+                                   const Tensor& targets, int64_t v0, int64_t V) override {
+    enqueue([sums, logits, rowmax, targets, v0, V] {
+      with_compute_type(logits.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::cross_entropy_shard_sums<F>(ptr<F>(sums), ptr<F>(logits), ptr<F>(rowmax),
+                                         targets.data_as<int32_t>(), logits.shape().rows(), v0,
+                                         logits.shape().back(), V);
+      });
+    });
+  }
+
+  void do_cross_entropy_shard_loss(const Tensor& loss, const Tensor& losses, const Tensor& rowmax,
+                                   const Tensor& sums, const Tensor& targets) override {
+    enqueue([loss, losses, rowmax, sums, targets] {
+      // The statistics type is the compute type: fp64 with fp64 activations, else fp32.
+      with_compute_type(rowmax.type(), [&]<class F>(std::type_identity<F>) {
+        *loss.data_as<F>() = cpu::cross_entropy_shard_loss<F>(ptr<F>(losses), ptr<F>(rowmax), ptr<F>(sums),
+                                                              targets.data_as<int32_t>(), targets.numel());
+      });
+    });
+  }
+
+  void do_cross_entropy_shard_backward(const Tensor& dlogits, const Tensor& logits,
+                                       const Tensor& rowmax, const Tensor& sums,
+                                       const Tensor& targets, int64_t v0, int64_t V,
+                                       float scale) override {
+    enqueue([dlogits, logits, rowmax, sums, targets, v0, V, scale] {
+      with_compute_type(logits.type(), [&]<class F>(std::type_identity<F>) {
+        cpu::cross_entropy_shard_backward<F>(ptr<F>(dlogits), ptr<F>(logits), ptr<F>(rowmax),
+                                             ptr<F>(sums), targets.data_as<int32_t>(),
+                                             logits.shape().rows(), v0, logits.shape().back(), V,
+                                             static_cast<F>(scale));
+      });
+    });
+  }
+
   void do_zero(const Tensor& t) override {
     enqueue([t] {
       // 1 MiB per task: big gradient buffers are zeroed by all threads.

@@ -155,4 +155,38 @@ template <ComputeType F>
 void cross_entropy_backward(F* dlogits, const F* logits, const int32_t* targets, int64_t N,
                             int64_t V, F scale);
 
+// ---- vocabulary-parallel ends (vocab_kernels.cpp; ops.hpp documents each) ---------------------
+// A shard is vocabulary entries [v0, v0 + Vs) of V: wte rows [Vs,C], logits columns [N,Vs]. Ids
+// are checked against V; ids outside the shard contribute nothing.
+
+// out[b,t,:] = (token in the shard ? wte[token - v0, :] : 0) + wpe[t, :] (wpe null: no term).
+template <ComputeType F>
+void embedding_forward_shard(F* out, const int32_t* tokens, Param<F> wte, Param<F> wpe,
+                             bool has_wpe, int64_t B, int64_t T, int64_t C, int64_t v0,
+                             int64_t Vs, int64_t V);
+// dwte[token - v0, :] += dout[b,t,:] for tokens in the shard ((b,t) order per row); dwpe as
+// embedding_backward unless has_wpe is false.
+template <ComputeType F>
+void embedding_backward_shard(Grad<F> dwte, Grad<F> dwpe, bool has_wpe, const F* dout,
+                              const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t v0,
+                              int64_t Vs, int64_t V);
+// rowmax[r] = max over the row of logits [N,Vs].
+template <ComputeType F>
+void cross_entropy_shard_max(F* rowmax, const F* logits, int64_t N, int64_t Vs);
+// sums[r] = sum_j exp(logits[r,j] - rowmax[r]) (index order); sums[N + r] = the target's logit
+// when the target is in the shard, else 0 (and for ignored rows).
+template <ComputeType F>
+void cross_entropy_shard_sums(F* sums, const F* logits, const F* rowmax, const int32_t* targets,
+                              int64_t N, int64_t v0, int64_t Vs, int64_t V);
+// losses[r] = rowmax[r] + log(sums[r]) - sums[N + r] (0 for ignored rows); returns the mean
+// over the rows that count, in double in row order (as cross_entropy_forward).
+template <ComputeType F>
+F cross_entropy_shard_loss(F* losses, const F* rowmax, const F* sums, const int32_t* targets,
+                           int64_t N);
+// dlogits = scale * (exp(logits - rowmax) / sums[r] - onehot(target - v0)) / (rows that count).
+template <ComputeType F>
+void cross_entropy_shard_backward(F* dlogits, const F* logits, const F* rowmax, const F* sums,
+                                  const int32_t* targets, int64_t N, int64_t v0, int64_t Vs,
+                                  int64_t V, F scale);
+
 }  // namespace zero::models::cpu

@@ -482,6 +482,73 @@ class CudaOps final : public Ops {
         N, V, sink(k::CheckedOp::cross_entropy_backward, 0), scratch(bytes), bytes, cs_);
   }
 
+  // ---- vocabulary-parallel ends --------------------------------------------------------------
+  // Bad ids are reported under the whole ops' names (embedding_forward, cross_entropy_forward,
+  // ...): the same check against the whole vocabulary.
+
+  void do_embedding_forward_shard(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                  const Tensor& wpe, int64_t v0, int64_t V) override {
+    const ScalarType a = out.type();
+    require_param("embedding_forward_shard", "wte", wte, a);
+    if (wpe) require_param("embedding_forward_shard", "wpe", wpe, a);
+    const int64_t B = tokens.shape()[0], T = tokens.shape()[1];
+    k::embedding_forward_shard(dtype_of(a), out.data(), tokens.data_as<int32_t>(), wte.data(),
+                               wpe ? wpe.data() : nullptr, B, T, wte.shape()[1], v0, wte.shape()[0], V,
+                               sink(k::CheckedOp::embedding_forward, T), cs_);
+  }
+
+  void do_embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                   const Tensor& tokens, int64_t v0, int64_t V) override {
+    const ScalarType a = dout.type();
+    require_grad("embedding_backward_shard", "dwte", dwte, a);
+    if (dwpe) require_grad("embedding_backward_shard", "dwpe", dwpe, a);
+    const int64_t B = tokens.shape()[0], T = tokens.shape()[1];
+    if (B * T == 0) return;
+    const size_t bytes = k::embedding_backward_workspace(B * T, V);
+    k::embedding_backward_shard(dtype_of(a), dtype_of(dwte.type()),
+                                dwpe ? dtype_of(dwpe.type()) : DType::f32, dwte.data(),
+                                dwpe ? dwpe.data() : nullptr, dout.data(), tokens.data_as<int32_t>(),
+                                B, T, dwte.shape()[1], v0, dwte.shape()[0], V,
+                                sink(k::CheckedOp::embedding_backward, T), scratch(bytes), bytes, cs_);
+  }
+
+  void do_cross_entropy_shard_max(const Tensor& rowmax, const Tensor& logits) override {
+    k::cross_entropy_shard_max(dtype_of(logits.type()), rowmax.data_as<float>(), logits.data(),
+                               logits.shape().rows(), logits.shape().back(), cs_);
+  }
+
+  void do_cross_entropy_shard_sums(const Tensor& sums, const Tensor& logits, const Tensor& rowmax,
+                                   const Tensor& targets, int64_t v0, int64_t V) override {
+    const int64_t N = logits.shape().rows(), Vs = logits.shape().back();
+    check_rows("cross_entropy_shard_sums", N, Vs);
+    k::cross_entropy_shard_sums(dtype_of(logits.type()), sums.data_as<float>(), logits.data(),
+                                rowmax.data_as<float>(), targets.data_as<int32_t>(), N, v0, Vs, V,
+                                sink(k::CheckedOp::cross_entropy_forward, 0), cs_);
+  }
+
+  void do_cross_entropy_shard_loss(const Tensor& loss, const Tensor& losses, const Tensor& rowmax,
+                                   const Tensor& sums, const Tensor& targets) override {
+    const int64_t N = targets.numel();
+    check_rows("cross_entropy_shard_loss", N, 1);
+    k::cross_entropy_shard_loss(loss.data_as<float>(), losses.data_as<float>(), rowmax.data_as<float>(),
+                                sums.data_as<float>(), targets.data_as<int32_t>(), N, cs_);
+  }
+
+  void do_cross_entropy_shard_backward(const Tensor& dlogits, const Tensor& logits,
+                                       const Tensor& rowmax, const Tensor& sums,
+                                       const Tensor& targets, int64_t v0, int64_t V,
+                                       float scale) override {
+    const int64_t N = logits.shape().rows(), Vs = logits.shape().back();
+    check_rows("cross_entropy_shard_backward", N, Vs);
+    if (N == 0) return;
+    const size_t bytes = k::cross_entropy_backward_workspace();
+    k::cross_entropy_shard_backward(dtype_of(logits.type()), dlogits.data(), logits.data(),
+                                    rowmax.data_as<float>(), sums.data_as<float>(),
+                                    targets.data_as<int32_t>(), scale, N, v0, Vs, V,
+                                    sink(k::CheckedOp::cross_entropy_backward, 0), scratch(bytes),
+                                    bytes, cs_);
+  }
+
   // ---- the rest -----------------------------------------------------------------------------
 
   void do_zero(const Tensor& t) override {

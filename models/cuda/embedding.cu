@@ -15,6 +15,9 @@
 //         the bits are those of that one-block-per-token scheme. Rows of ids that do not occur
 //         are not touched.
 //   dwpe  One thread per (t, channel) sums dout[b, t, c] over b in order.
+// Vocabulary shards (the tensor-parallel ends): forward writes 0 for tokens outside the shard;
+// backward sorts every token as above and skips the runs outside the shard, so the shard's rows
+// get bitwise what the whole table's rows would.
 #include <cub/device/device_radix_sort.cuh>
 
 #include "models/cuda/common.cuh"
@@ -50,6 +53,30 @@ __global__ void __launch_bounds__(kRowThreads)
     o[c] = narrow<T>(widen(e[c]) + widen(p[c]));
 }
 
+// The vocabulary shard [v0, v0 + Vs) of V: tokens outside it give 0 (another rank has them);
+// wpe null: no position term.
+template <class T>
+__global__ void __launch_bounds__(kRowThreads)
+    embedding_forward_shard_kernel(T* __restrict__ out, const int32_t* __restrict__ tokens,
+                                   const T* __restrict__ wte, const T* __restrict__ wpe,
+                                   int64_t T_, int64_t C, int64_t v0, int64_t Vs, int64_t V,
+                                   ErrorSink err) {
+  const int64_t row = blockIdx.x;
+  const int64_t t = row % T_;
+  const int32_t raw = tokens[row];
+  const int64_t tok =
+      threadIdx.x == 0 ? checked_id(raw, V, row, err) : (raw < 0 ? 0 : (raw >= V ? V - 1 : raw));
+  const int64_t local = tok - v0;
+  const bool here = local >= 0 && local < Vs;
+  const T* e = wte + (here ? local : 0) * C;
+  const T* p = wpe ? wpe + t * C : nullptr;
+  T* o = out + row * C;
+  for (int64_t c = threadIdx.x; c < C; c += kRowThreads) {
+    const float v = here ? widen(e[c]) : 0.0f;
+    o[c] = narrow<T>(p ? v + widen(p[c]) : v);
+  }
+}
+
 // keys[i] = the checked id of token i, positions[i] = i: the input of the sort.
 __global__ void __launch_bounds__(kPrepareThreads)
     embedding_sort_prepare_kernel(unsigned* __restrict__ keys, unsigned* __restrict__ positions,
@@ -78,13 +105,15 @@ __global__ void __launch_bounds__(kColThreads)
                               const unsigned* __restrict__ keys,
                               const unsigned* __restrict__ positions,
                               const unsigned* __restrict__ runs, const unsigned* __restrict__ count,
-                              int64_t N, int64_t C) {
+                              int64_t N, int64_t C, int64_t v0, int64_t Vs) {
   const int64_t c = int64_t(blockIdx.y) * kColThreads + threadIdx.x;
   if (c >= C) return;
   const int64_t R = *count;
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
     const int64_t i = runs[r];
     const unsigned key = keys[i];
+    // A vocabulary shard adds only its own rows (the whole table: every run is in range).
+    if (int64_t(key) < v0 || int64_t(key) >= v0 + Vs) continue;
     float sum = 0.0f;
     bool more = true;
     for (int64_t j = i; more; j += kBatch) {
@@ -101,7 +130,7 @@ __global__ void __launch_bounds__(kColThreads)
         if (in[k]) sum += v[k];
       more = in[kBatch - 1];
     }
-    G* g = dwte + int64_t(key) * C + c;
+    G* g = dwte + (int64_t(key) - v0) * C + c;
     *g = narrow<G>(widen(*g) + sum);
   }
 }
@@ -151,6 +180,19 @@ void embedding_forward(DType a, void* out, const int32_t* tokens, const void* wt
   });
 }
 
+void embedding_forward_shard(DType a, void* out, const int32_t* tokens, const void* wte,
+                             const void* wpe, int64_t B, int64_t T, int64_t C, int64_t v0,
+                             int64_t Vs, int64_t V, ErrorSink err, cudaStream_t stream) {
+  if (B * T == 0) return;
+  dispatch(a, [&](auto ta) {
+    using E = typename decltype(ta)::type;
+    embedding_forward_shard_kernel<E><<<unsigned(B * T), kRowThreads, 0, stream>>>(
+        static_cast<E*>(out), tokens, static_cast<const E*>(wte), static_cast<const E*>(wpe), T, C,
+        v0, Vs, V, err);
+    check_launch("embedding_forward_shard_kernel", a);
+  });
+}
+
 size_t embedding_backward_workspace(int64_t N, int64_t V) {
   if (N == 0) return 0;
   return 4 * align_up(size_t(N) * sizeof(unsigned)) + align_up(sort_temp_bytes(N, V)) +
@@ -161,6 +203,14 @@ void embedding_backward(DType a, DType g_wte, DType g_wpe, void* dwte, void* dwp
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V,
                         ErrorSink err, void* workspace, size_t workspace_bytes,
                         cudaStream_t stream) {
+  embedding_backward_shard(a, g_wte, g_wpe, dwte, dwpe, dout, tokens, B, T, C, 0, V, V, err,
+                           workspace, workspace_bytes, stream);
+}
+
+void embedding_backward_shard(DType a, DType g_wte, DType g_wpe, void* dwte, void* dwpe,
+                              const void* dout, const int32_t* tokens, int64_t B, int64_t T,
+                              int64_t C, int64_t v0, int64_t Vs, int64_t V, ErrorSink err,
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   const int64_t N = B * T;
   if (N == 0) return;
   ZERO_REQUIRE(N < (int64_t(1) << 31),
@@ -199,9 +249,10 @@ void embedding_backward(DType a, DType g_wte, DType g_wpe, void* dwte, void* dwp
     using G = typename decltype(tg)::type;
     embedding_wte_grad_kernel<E, G><<<dim3(unsigned(run_blocks), col_blocks), kColThreads, 0,
                                       stream>>>(static_cast<G*>(dwte), static_cast<const E*>(dout),
-                                                keys, positions, runs, run_count, N, C);
+                                                keys, positions, runs, run_count, N, C, v0, Vs);
     check_launch("embedding_wte_grad_kernel", a);
   });
+  if (dwpe == nullptr) return;  // a shard without the position term
   dispatch_grad(a, g_wpe, [&](auto ta, auto tg) {
     using E = typename decltype(ta)::type;
     using G = typename decltype(tg)::type;

@@ -92,6 +92,17 @@ void embedding_backward(DType a, DType g_wte, DType g_wpe, void* dwte, void* dwp
                         ErrorSink err, void* workspace, size_t workspace_bytes,
                         cudaStream_t stream);
 
+// The vocabulary shard [v0, v0 + Vs) of V (ops.hpp, "Vocabulary-parallel ends"): wte [Vs,C];
+// tokens are checked against V; wpe / dwpe may be null (no position term).
+void embedding_forward_shard(DType a, void* out, const int32_t* tokens, const void* wte,
+                             const void* wpe, int64_t B, int64_t T, int64_t C, int64_t v0,
+                             int64_t Vs, int64_t V, ErrorSink err, cudaStream_t stream);
+// Workspace: embedding_backward_workspace(N, V).
+void embedding_backward_shard(DType a, DType g_wte, DType g_wpe, void* dwte, void* dwpe,
+                              const void* dout, const int32_t* tokens, int64_t B, int64_t T,
+                              int64_t C, int64_t v0, int64_t Vs, int64_t V, ErrorSink err,
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
 // ---- layernorm (layernorm.cu) ------------------------------------------------------------------
 
 // y = (x - mean) * rstd * w + b over rows of C; mean, rstd fp32 [rows]. y may alias x.
@@ -152,5 +163,21 @@ size_t cross_entropy_backward_workspace();
 void cross_entropy_backward(DType a, void* dlogits, const void* logits, const int32_t* targets,
                             float scale, int64_t N, int64_t V, ErrorSink err, void* workspace,
                             size_t workspace_bytes, cudaStream_t stream);
+
+// ---- vocabulary-parallel cross-entropy (cross_entropy_shard.cu; ops.hpp documents the phases) -
+// logits [N,Vs] are columns [v0, v0 + Vs) of V; rowmax [N], sums [2,N], losses [N], loss [1] fp32.
+
+void cross_entropy_shard_max(DType a, float* rowmax, const void* logits, int64_t N, int64_t Vs,
+                             cudaStream_t stream);
+void cross_entropy_shard_sums(DType a, float* sums, const void* logits, const float* rowmax,
+                              const int32_t* targets, int64_t N, int64_t v0, int64_t Vs, int64_t V,
+                              ErrorSink err, cudaStream_t stream);
+void cross_entropy_shard_loss(float* loss, float* losses, const float* rowmax, const float* sums,
+                              const int32_t* targets, int64_t N, cudaStream_t stream);
+// Workspace: cross_entropy_backward_workspace().
+void cross_entropy_shard_backward(DType a, void* dlogits, const void* logits, const float* rowmax,
+                                  const float* sums, const int32_t* targets, float scale,
+                                  int64_t N, int64_t v0, int64_t Vs, int64_t V, ErrorSink err,
+                                  void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace zero::models::kernels

@@ -3,8 +3,8 @@
 // matching slice of the whole, cut by param_slice_element), same batch. Compared: the loss, the
 // logits, and every parameter's gradient (each rank's shard against the matching slice of the
 // whole gradient; replicated ones whole), joint, split B/W and checkpointed. Also: degree 1 is
-// make_gpt (its parameter table, and bitwise its loss, logits and gradients), and a control with
-// a wrong slice must fail.
+// make_gpt (its parameter table, and bitwise its loss, logits and gradients), and controls with
+// a wrong slice (c_attn's heads; wte's vocabulary range) must fail.
 //
 // Bound: 1e-5 of each tensor's largest magnitude (loss: of the loss). The split changes only
 // summation order: each row-split product is T partial sums added in rank order by the
@@ -175,6 +175,15 @@ struct Sharded : Run {
   }
 };
 
+// Columns [t, t + 1) V / T of logits [rows, V]: what tensor rank t of T computes.
+std::vector<double> logit_columns(const std::vector<double>& logits, int t, int T) {
+  const int64_t V = kShape.vocab_size, Vs = V / T, rows = static_cast<int64_t>(logits.size()) / V;
+  std::vector<double> out;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = t * Vs; j < (t + 1) * Vs; ++j) out.push_back(logits[static_cast<size_t>(r * V + j)]);
+  return out;
+}
+
 // Checks the loss and every gradient against the reference; returns the largest difference.
 double compare(const Reference& ref, const Sharded& tp, const Result& got) {
   const int t = grid().tensor().rank(), T = grid().tensor().size();
@@ -202,11 +211,18 @@ TEST_CASE("gpt tensor parallel: the whole model equals make_gpt (joint, split B/
     const Result got = tp.run(mode);
     const double worst = compare(ref, tp, got);
     if (print()) std::printf("[rank %d] mode %d: worst %.3g\n", grid().tensor().rank(), static_cast<int>(mode), worst);
-    // The replicated head computes the whole logits on every rank.
-    CHECK(rel_diff(got.logits, ref.result.logits) <= kBound);
-    // Two all-reduces per block forward, two backward; checkpointing repeats the forward two.
-    const int64_t per_block = mode == Mode::checkpoint ? 6 : 4;
-    CHECK(tp.all_reduce_calls() == (grid().tensor().size() > 1 ? per_block * kShape.n_layer : 0));
+    // The head's output is this rank's vocabulary columns of the logits.
+    CHECK(rel_diff(got.logits, logit_columns(ref.result.logits, grid().tensor().rank(), grid().tensor().size())) <=
+          kBound);
+    // Two all-reduces per block forward, two backward (checkpointing repeats the forward two);
+    // the embedding one; the head two forward (max, sums) and one backward: what was handed to
+    // the all-reduces is the formula's count and bytes.
+    const int per_block = mode == Mode::checkpoint ? 6 : 4;
+    CHECK(tp.all_reduce_calls() == (grid().tensor().size() > 1 ? per_block * kShape.n_layer + 4 : 0));
+    const models::TensorParallelTraffic measured = models::measured_tensor_parallel_traffic(tp.model);
+    const models::TensorParallelTraffic formula = models::gpt_tensor_parallel_traffic(
+        options(), grid().tensor().size(), kB, kShape.seq_len, mode == Mode::checkpoint ? kShape.n_layer : 0);
+    CHECK(measured == formula);
   }
 }
 
@@ -258,6 +274,43 @@ TEST_CASE("gpt tensor parallel: the comparison sees a shard with the wrong heads
   CHECK(d > 100 * kBound);
 }
 
+TEST_CASE("gpt tensor parallel: the comparison sees a shard with the wrong vocabulary range") {
+  // wte holds the next rank's rows: the embedding looks up, and the head scores, the wrong
+  // vocabulary entries for this rank's range.
+  if (grid().tensor().size() == 1) SKIP("needs a tensor group of 2 or more");
+  const Reference ref(Mode::joint);
+  Sharded tp(grid().tensor(), ref, "wte");
+  const Result got = tp.run(Mode::joint);
+  const double d = std::fabs(got.loss - ref.result.loss) / std::fabs(ref.result.loss);
+  if (print()) std::printf("[rank %d] wrong vocabulary range: loss differs by %.3g\n", grid().tensor().rank(), d);
+  CHECK(d > 100 * kBound);
+}
+
+TEST_CASE("gpt tensor parallel: the traffic formula is Megatron's per layer, plus the ends") {
+  for (int T : {2, 4, 8}) {
+    INFO("degree " << T);
+    models::GptOptions o = options();
+    o.shape.n_layer = 3;
+    const int64_t b = 4, s = 8, C = kShape.n_embd, a = b * s * C * 4;  // fp32 activations
+    const models::TensorParallelTraffic t = models::gpt_tensor_parallel_traffic(o, T, b, s);
+    CHECK(t.calls == 4 * 3 + 4);
+    CHECK(t.bytes == (4 * 3 + 2) * a + 3 * b * s * 4);
+    CHECK(t.wire_bytes() == 2.0 * (T - 1) / T * double(t.bytes));
+    // One more layer adds Megatron's 4 all-reduces of b s h: 4 x 2 (T-1)/T x b s h bytes sent.
+    models::GptOptions more = o;
+    more.shape.n_layer = 4;
+    const double per_layer = models::gpt_tensor_parallel_traffic(more, T, b, s).wire_bytes() - t.wire_bytes();
+    CHECK(per_layer == 4 * 2.0 * (T - 1) / T * double(a));
+    // Recomputing a block repeats its 2 forward all-reduces; bf16 activations halve them.
+    CHECK(models::gpt_tensor_parallel_traffic(o, T, b, s, 3).bytes == t.bytes + 3 * 2 * a);
+    models::GptOptions half = o;
+    half.activation_type = ScalarType::bf16;
+    half.param_type = ScalarType::bf16;
+    CHECK(models::gpt_tensor_parallel_traffic(half, T, b, s).bytes == (4 * 3 + 2) * a / 2 + 3 * b * s * 4);
+  }
+  CHECK(models::gpt_tensor_parallel_traffic(options(), 1, kB, 8) == models::TensorParallelTraffic{});
+}
+
 TEST_CASE("gpt tensor parallel: bad degrees and ranks are clear errors") {
   models::GptShape four = kShape;
   four.n_head = 4;
@@ -265,4 +318,11 @@ TEST_CASE("gpt tensor parallel: bad degrees and ranks are clear errors") {
   o.shape = four;
   CHECK_THROWS_WITH(models::gpt_tensor_parallel_params(o, 0, 8), ContainsSubstring("n_head 4"));
   CHECK_THROWS_WITH(models::gpt_tensor_parallel_params(options(), 2, 2), ContainsSubstring("rank 2"));
+  models::GptShape odd_vocab = kShape;
+  odd_vocab.vocab_size = 50257;  // GPT-2's: odd
+  CHECK_THROWS_WITH(models::check_tensor_parallel(odd_vocab, 2),
+                    ContainsSubstring("vocab_size 50257") && ContainsSubstring("degree 2") &&
+                        ContainsSubstring("zero_train.model.vocab_size") &&
+                        ContainsSubstring("zero_train.parallel.tensor"));
+  CHECK_NOTHROW(models::check_tensor_parallel(odd_vocab, 1));
 }
