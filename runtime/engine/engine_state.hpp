@@ -57,6 +57,11 @@ constexpr int kPipeHeader = 8;
 std::array<int32_t, kPipeHeader> encode_header(const PipeBoundary& b);
 // Throws naming `where` and the sending pipeline rank `from` when the words are no header.
 PipeBoundary decode_header(const int32_t* words, const std::string& where, int from);
+// The most likely token (ties to the lower id) at every row of `out`, the last Unit's logits
+// [.., V] (eval_argmax.cpp). With tensor slices `out` is this rank's vocabulary slice, and the
+// result is the whole vocabulary's, the same on every rank of the group (collective over the
+// tensor communicator then). `what` prefixes errors.
+std::vector<int32_t> argmax_rows(Context& x, const Unit& last, const Tensor& out, const std::string& what);
 }  // namespace engine
 
 struct Engine::State {

@@ -1,7 +1,4 @@
 // Forward-only evaluation on held-out data: nothing changes, no activations kept.
-#include <algorithm>
-#include <optional>
-
 #include "runtime/engine/engine_state.hpp"
 
 namespace zero {
@@ -30,31 +27,7 @@ double Engine::evaluate(const Batch& batch, std::vector<int32_t>* argmax) {
     const bool f64 = ctx.back().loss.type() == ScalarType::f64;
     copy_to_host(s.x.dev, s.x.compute, f64 ? static_cast<void*>(&loss64) : static_cast<void*>(&loss32), ctx.back().loss);
     s.x.compute.synchronize();
-    if (argmax) {
-      const Tensor& out = ctx.back().output;
-      const std::optional<DType> lt = out ? to_dtype(out.type()) : std::nullopt;
-      ZERO_REQUIRE(out && out.shape().rank() >= 1 && (out.type() == ScalarType::f64 || lt),
-                   "evaluate: the model's last Unit gives no floating-point logits to take the argmax of");
-      const int64_t V = out.shape()[out.shape().rank() - 1];
-      const int64_t rows = out.numel() / V;
-      std::vector<double> logits(static_cast<size_t>(out.numel()));
-      if (out.type() == ScalarType::f64) {
-        copy_to_host(s.x.dev, s.x.compute, logits.data(), out);
-        s.x.compute.synchronize();
-      } else {  // fp32, or the 16-bit logits of a GPU run, widened exactly
-        std::vector<unsigned char> raw(static_cast<size_t>(out.numel()) * size_of(*lt));
-        copy_to_host(s.x.dev, s.x.compute, raw.data(), out);
-        s.x.compute.synchronize();
-        std::vector<float> f(logits.size());
-        convert(raw.data(), *lt, f.data(), DType::f32, f.size());
-        std::copy(f.begin(), f.end(), logits.begin());
-      }
-      argmax->assign(static_cast<size_t>(rows), 0);
-      for (int64_t r = 0; r < rows; ++r) {
-        const double* row = logits.data() + r * V;
-        (*argmax)[static_cast<size_t>(r)] = static_cast<int32_t>(std::max_element(row, row + V) - row);
-      }
-    }
+    if (argmax) *argmax = engine::argmax_rows(s.x, *s.x.model.units.back(), ctx.back().output, "evaluate");
     if (s.x.o.stage == 3) s.params.prefetch(0);  // the next step's first groups again
     return f64 ? loss64 : loss32;
   } catch (...) {

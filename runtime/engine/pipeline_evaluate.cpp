@@ -23,35 +23,6 @@ namespace {
 
 using engine::kPipeHeader;
 
-// The most likely token at every row of `logits` [.., V] (ties to the lower id), read to the
-// host; the last Unit's output of the last stage.
-std::vector<int32_t> argmax_rows(Device& dev, Stream& compute, const Tensor& out) {
-  const std::optional<DType> lt = out ? to_dtype(out.type()) : std::nullopt;
-  ZERO_REQUIRE(out && out.shape().rank() >= 1 && (out.type() == ScalarType::f64 || lt),
-               "pipeline_evaluate: the last stage's last Unit gives no floating-point logits to take "
-               "the argmax of");
-  const int64_t V = out.shape()[out.shape().rank() - 1];
-  const int64_t rows = out.numel() / V;
-  std::vector<double> logits(static_cast<size_t>(out.numel()));
-  if (out.type() == ScalarType::f64) {
-    copy_to_host(dev, compute, logits.data(), out);
-    compute.synchronize();
-  } else {  // fp32, or a GPU run's 16-bit logits, widened exactly
-    std::vector<unsigned char> raw(static_cast<size_t>(out.numel()) * size_of(*lt));
-    copy_to_host(dev, compute, raw.data(), out);
-    compute.synchronize();
-    std::vector<float> f(logits.size());
-    convert(raw.data(), *lt, f.data(), DType::f32, f.size());
-    std::copy(f.begin(), f.end(), logits.begin());
-  }
-  std::vector<int32_t> am(static_cast<size_t>(rows), 0);
-  for (int64_t r = 0; r < rows; ++r) {
-    const double* row = logits.data() + r * V;
-    am[static_cast<size_t>(r)] = static_cast<int32_t>(std::max_element(row, row + V) - row);
-  }
-  return am;
-}
-
 }  // namespace
 
 double Engine::pipeline_evaluate(const Batch& batch, std::vector<int32_t>* argmax) {
@@ -123,7 +94,7 @@ double Engine::pipeline_evaluate(const Batch& batch, std::vector<int32_t>* argma
       x.compute.synchronize();
       const double value = f64 ? loss64 : loss32;
       std::memcpy(meta, &value, sizeof value);
-      if (argmax) am = argmax_rows(x.dev, x.compute, ctx.back().output);
+      if (argmax) am = engine::argmax_rows(x, *x.model.units.back(), ctx.back().output, "pipeline_evaluate");
       meta[2] = static_cast<int32_t>(am.size());
     }
     if (pipe.size() > 1) {

@@ -65,6 +65,8 @@ struct Setup {
 struct Run {
   std::vector<std::vector<float>> params;
   std::vector<double> losses;
+  double eval_loss = 0;          // Engine::evaluate of a held-out batch after training
+  std::vector<int32_t> argmax;   // and its most likely tokens (whole vocabulary)
 };
 
 Batch make_batch(Device& dev, int64_t index) {
@@ -111,6 +113,7 @@ Run reference(const Setup& s, int data, std::vector<std::string>& names) {
   Run run;
   for (int step = 0; step < kSteps; ++step)
     run.losses.push_back(engine.step([&](int m) { return make_batch(dev, int64_t{step} * 1000 + m); }).loss);
+  run.eval_loss = engine.evaluate(make_batch(dev, 999'999), &run.argmax);
   for (int p = 0; p < static_cast<int>(model.params.size()); ++p) {
     run.params.push_back(engine.parameter(p));
     names.push_back(model.params[static_cast<size_t>(p)].name);
@@ -150,6 +153,9 @@ Run sliced(const Setup& s, std::vector<ParamSpec>& specs, std::vector<int>& to_o
     grid.data().all_reduce(&loss, &loss, 1, DType::f32, coll::ReduceOp::sum).wait();
     run.losses.push_back(loss);
   }
+  // The held-out forward: pipeline_evaluate hands every stage the last stage's result.
+  const Batch held_out = make_batch(dev, 999'999);
+  run.eval_loss = st ? engine->pipeline_evaluate(held_out, &run.argmax) : engine->evaluate(held_out, &run.argmax);
   const Model& held = st ? st->view.model : model;
   for (size_t i = 0; i < held.params.size(); ++i) {
     run.params.push_back(engine->parameter(static_cast<int>(i)));
@@ -207,6 +213,12 @@ void check(const Setup& s) {
   for (int t = 0; t < kSteps; ++t)
     CHECK(std::abs(got.losses[t] - ref.losses[t]) <= loss_tol * std::abs(ref.losses[t]));
   CHECK(ref.losses.back() < ref.losses.front());  // it trains: the bounds mean something
+  // Evaluation: the loss within the losses' bound; the argmax over the whole vocabulary from the
+  // ranks' slices. fp32 only for the tokens: bf16 logits of the two runs differ in their last
+  // bits, enough to flip near ties.
+  CHECK(std::abs(got.eval_loss - ref.eval_loss) <= loss_tol * std::abs(ref.eval_loss));
+  if (f32) CHECK(got.argmax == ref.argmax);
+  CHECK(got.argmax.size() == ref.argmax.size());
 }
 
 int world_size() { return test::env().comm->size(); }
