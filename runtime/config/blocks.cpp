@@ -291,8 +291,10 @@ void visit(Io& io, Aio& a) {
 template <class Io>
 void visit(Io& io, ActivationCheckpointing& a) {
   // number_checkpoints picks how many transformer blocks recompute their activations
-  // (zero::checkpoint_plan); the other knobs tune DeepSpeed's own implementation and are not ours.
-  io.key("partition_activations", a.partition_activations, {.not_implemented = true});
+  // (zero::checkpoint_plan); partition_activations splits what they keep across the tensor group
+  // (EngineOptions::partition_activations); the other knobs tune DeepSpeed's own implementation
+  // and are not ours.
+  io.key("partition_activations", a.partition_activations);
   io.key("contiguous_memory_optimization", a.contiguous_memory_optimization,
          {.not_implemented = true});
   io.key("cpu_checkpointing", a.cpu_checkpointing, {.not_implemented = true});

@@ -323,7 +323,7 @@ struct Aio {
 // their input and recompute their activations in backward (zero::checkpoint_plan spreads them
 // evenly; null or 0 = none, >= n_layer = all). The other knobs are accepted and warned about.
 struct ActivationCheckpointing {
-  bool partition_activations = false;             // not implemented: shard saved activations
+  bool partition_activations = false;             // checkpointed inputs split over the tensor group
   bool contiguous_memory_optimization = false;    // not implemented: one buffer for them
   bool cpu_checkpointing = false;                 // not implemented: keep them in host memory
   std::optional<long long> number_checkpoints;    // checkpointed blocks; null = none

@@ -89,6 +89,10 @@ struct EngineOptions {
   std::function<std::pair<float, float>(int64_t t)> betas;
   uint64_t seed = 0;                            // parameter initialisation (init_param_values)
   std::optional<long long> number_checkpoints;  // activation checkpointing (checkpoint_plan)
+  // activation_checkpointing.partition_activations: with tensor slices (TensorPlace), each rank
+  // of a tensor group keeps only its 1/T of a checkpointed Unit's input, all-gathered again
+  // before the Unit recomputes (the result is bitwise the same). No effect without both.
+  bool partition_activations = false;
 
   // Communication (zero_optimization keys; elements). Defaults are DeepSpeed's except the
   // persistence threshold, which the config mapping sets (DeepSpeed: 100000).

@@ -120,6 +120,7 @@ void ScheduleRunner::forward(MicroState& m, int unit, size_t pos) {
   x_.model.units[u]->forward(c);
   c.params.clear();
   m.carry = c.output;
+  if (c.checkpoint) partition_input(m, unit);
   // Stage 3 frees the gathered parameters here (after the stream has passed the Unit); else the
   // host waits only for the Unit before this one (unit_fence).
   if (x_.o.stage == 3) params_.release_after(q); else x_.unit_fence();
@@ -151,6 +152,7 @@ void ScheduleRunner::backward(MicroState& m, const UnitPass& p, size_t pos, floa
     c.grad_scale = seed_scale;
   }
   c.grads = grads_.views(p.unit);
+  if (p.part != Part::weight) gather_input(m, p.unit);
   switch (p.part) {
     case Part::backward: unit.backward(c); break;
     case Part::input: unit.backward_input(c); break;
@@ -178,6 +180,53 @@ void ScheduleRunner::backward(MicroState& m, const UnitPass& p, size_t pos, floa
   } else {
     x_.unit_fence();
   }
+}
+
+// partition_activations (DeepSpeed's activation_checkpointing key; Megatron's
+// distribute-saved-activations): the input a checkpointed Unit keeps for its recomputation is the
+// same whole tensor on every rank of a tensor group, so each rank keeps only its 1/T of it
+// (elements [t n/T, (t+1) n/T)) and the group all-gathers it back before the Unit's backward.
+// The whole input is released here: from this Unit's context and from the previous Unit's
+// output (the same tensor), so the peak holds a T-th of each checkpointed input. Every rank of
+// the group runs the same Units in the same order, so the all-gathers pair up with each other and
+// with the Units' own collectives. Inputs whose size the degree does not divide stay whole.
+void ScheduleRunner::partition_input(MicroState& m, int unit) {
+  if (!x_.o.partition_activations || !x_.tensor.active()) return;
+  const size_t u = static_cast<size_t>(unit);
+  UnitContext& c = m.ctx[u];
+  const int64_t T = x_.tensor.comm->size();
+  if (!c.input || c.input.numel() % T != 0 || !to_dtype(c.input.type())) return;
+  if (m.parts.empty()) {
+    m.parts.resize(m.ctx.size());
+    m.part_shapes.resize(m.ctx.size());
+  }
+  const int64_t n = c.input.numel() / T;
+  const size_t bytes = static_cast<size_t>(n) * size_of(*to_dtype(c.input.type()));
+  Tensor part = Tensor::empty(x_.dev, Shape{n}, c.input.type(), MemCategory::activations);
+  x_.dev.copy_async(part.data(), static_cast<const unsigned char*>(c.input.data()) + bytes * static_cast<size_t>(x_.tensor.comm->rank()),
+                    bytes, x_.compute);
+  m.parts[u] = std::move(part);
+  m.part_shapes[u] = c.input.shape();
+  // A raw copy holds nothing: a no-op after it on the compute stream holds the whole input until
+  // the copy has run, and the references here can go.
+  x_.compute.launch_host([held = std::move(c.input)] { (void)held; });
+  c.input = Tensor();
+  if (u > 0) m.ctx[u - 1].output = Tensor();
+}
+
+void ScheduleRunner::gather_input(MicroState& m, int unit) {
+  const size_t u = static_cast<size_t>(unit);
+  if (m.parts.empty() || !m.parts[u]) return;
+  Tensor& part = m.parts[u];
+  Tensor whole = Tensor::empty(x_.dev, m.part_shapes[u], part.type(), MemCategory::activations);
+  coll::Work w = x_.tensor.comm->all_gather(part.data(), whole.data(), static_cast<size_t>(part.numel()),
+                                            *to_dtype(part.type()), x_.compute_point());
+  w.chain(x_.compute);  // the recomputation waits for it; the host does not
+  m.ctx[u].input = std::move(whole);
+  // `part` must outlive the all-gather: a no-op on the compute stream, after the chain, holds it
+  // until the stream has passed the all-gather's completion.
+  x_.compute.launch_host([held = std::move(part)] { (void)held; });
+  m.parts[u] = Tensor();
 }
 
 }  // namespace zero::engine

@@ -53,6 +53,10 @@ std::vector<int> unit_order(const std::vector<UnitPass>& passes);
 struct MicroState {
   Batch batch;
   std::vector<UnitContext> ctx;
+  // partition_activations: per Unit, this tensor rank's part of a checkpointed Unit's input
+  // (empty: the input is kept whole in ctx, or not at all) and the whole input's shape.
+  std::vector<Tensor> parts;
+  std::vector<Shape> part_shapes;
   Tensor carry;
   double loss = 0;
   int passes_left = 0;
@@ -81,6 +85,10 @@ class ScheduleRunner {
   int passes(int micro) const;
 
  private:
+  // partition_activations (schedule.cpp): after a checkpointed Unit's forward, keep this tensor
+  // rank's part of its input; before its backward, all-gather it whole again.
+  void partition_input(MicroState& m, int unit);
+  void gather_input(MicroState& m, int unit);
   void forward(MicroState& m, int unit, size_t pos);
   void backward(MicroState& m, const UnitPass& p, size_t pos, float seed_scale);
 

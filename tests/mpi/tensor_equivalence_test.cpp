@@ -60,6 +60,7 @@ struct Setup {
   ScalarType type = ScalarType::f32;
   bool offload = false;
   bool remat = false;  // activation checkpointing
+  bool partition = false;  // partition_activations (with remat)
   float clip = 0.05f;  // active: the norms here are far above it
 };
 
@@ -96,6 +97,7 @@ EngineOptions options(const Setup& s, int stage, int ga) {
   o.offload_optimizer = s.offload;
   o.pin = offload::PinPolicy::off;
   if (s.remat) o.number_checkpoints = 1000;
+  o.partition_activations = s.partition;
   return o;
 }
 
@@ -110,6 +112,7 @@ Run reference(const Setup& s, int data, std::vector<std::string>& names) {
   Setup r = s;
   r.offload = false;
   r.remat = false;
+  r.partition = false;
   Engine engine(model, dev, *stream, *alone, options(r, 0, data * kGa));
   Run run;
   for (int step = 0; step < kSteps; ++step)
@@ -207,9 +210,9 @@ void check(const Setup& s) {
                 << ": relative L2 parameter difference " << diff << ", final loss " << got.losses.back()
                 << " vs " << ref.losses.back());
   if (std::getenv("ZERO_TEST_PRINT"))
-    std::printf("rank %d t%d p%d d%d %s zero%d %s%s%s: diff %.3g loss %.6f vs %.6f\n", world.rank(), s.tensor,
+    std::printf("rank %d t%d p%d d%d %s zero%d %s%s%s%s: diff %.3g loss %.6f vs %.6f\n", world.rank(), s.tensor,
                 s.pipeline, D, s.schedule, s.zero, std::string(to_string(s.type)).c_str(),
-                s.offload ? " offload" : "", s.remat ? " remat" : "", diff, got.losses.back(), ref.losses.back());
+                s.offload ? " offload" : "", s.remat ? " remat" : "", s.partition ? " partitioned" : "", diff, got.losses.back(), ref.losses.back());
   CHECK(diff <= tol);
   for (int t = 0; t < kSteps; ++t)
     CHECK(std::abs(got.losses[t] - ref.losses[t]) <= loss_tol * std::abs(ref.losses[t]));
@@ -238,6 +241,24 @@ TEST_CASE("tensor slicing: optimizer offload and activation checkpointing", "[te
   check({.tensor = 2, .zero = 2, .offload = true});
   check({.tensor = 2, .zero = 3, .type = ScalarType::bf16, .offload = true});
   check({.tensor = 2, .zero = 1, .remat = true});
+}
+
+// partition_activations: each tensor rank keeps 1/T of every checkpointed block's input and the
+// group all-gathers it before the recomputation, which then runs on the same bits: the training
+// is bitwise the checkpointed run without it.
+TEST_CASE("tensor slicing: partition_activations is bitwise plain checkpointing", "[tensor]") {
+  for (int p : {1, 2}) {
+    if (world_size() % (2 * p) != 0) continue;
+    const Setup plain{.tensor = 2, .pipeline = p, .zero = 1, .remat = true};
+    Setup split = plain;
+    split.partition = true;
+    check(split);
+    std::vector<ParamSpec> specs_a, specs_b;
+    std::vector<int> orig_a, orig_b;
+    const Run a = sliced(plain, specs_a, orig_a), b = sliced(split, specs_b, orig_b);
+    CHECK(a.losses == b.losses);
+    CHECK(a.params == b.params);
+  }
 }
 
 TEST_CASE("tensor x pipeline: 2 tensor slices of every stage", "[tensor]") {
