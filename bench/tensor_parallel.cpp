@@ -95,6 +95,17 @@ nlohmann::json kinds_json(const Sent& s) {
   return j;
 }
 
+// The 1, 5 and 15 minute load averages (/proc/loadavg): the machine is shared, so the document
+// says how busy it was around the run.
+std::vector<double> load_average() {
+  std::vector<double> v(3, -1.0);
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf %lf %lf", &v[0], &v[1], &v[2]) != 3) v.assign(3, -1.0);
+    std::fclose(f);
+  }
+  return v;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -115,6 +126,7 @@ int main(int argc, char** argv) {
     MPI_Comm raw = MPI_COMM_NULL;
     MPI_Comm_dup(world.comm(), &raw);
     Report report("tensor_parallel", argc, argv, opt.quick, N, 1);
+    const std::vector<double> load_before = load_average();
 
     // Blocks dominate the work (the embedding and head are V/(12C) of a block's matmuls each), so
     // what is compared is how each layout splits the blocks.
@@ -312,6 +324,7 @@ int main(int argc, char** argv) {
                       {"parameters", models::gpt_parameter_count(shape)}};
       doc["goal"] = "issue 19 states no numeric goal for the comparison: the step times are recorded; "
                     "the bytes each rank sends must equal the formulas (ratio 1.0)";
+      doc["load_average_1_5_15_min"] = {{"before", load_before}, {"after", load_average()}};
       doc["threads_per_rank"] = {{"openblas", 1}, {"onetbb", 1}};
       std::printf("%s\n", doc.dump(2).c_str());
     }
