@@ -273,7 +273,9 @@ int main(int argc, char** argv) {
                   {"tokens_per_s_median", tokens / s.median},
                   {"one_rank_tokens_per_s_median", tokens / s_one.median},
                   {"one_rank_min_s", s_one.min},
-                  {"one_rank_max_s", s_one.max}};
+                  {"one_rank_max_s", s_one.max},
+                  {"samples_s", t_layout[l]},
+                  {"one_rank_samples_s", t_one}};
       if (l == 0) r.params["accumulation_per_rank"] = m / N;
       if (l == 2) r.params["schedule"] = "1f1b", r.params["cut_units"] = {cut.begin(1)};
       r.metric = "time";
