@@ -134,6 +134,8 @@ void Report::add(Result r) {
       j["meets_goal"] = *ratio >= r.goal->value;
     else if (ratio && r.goal->kind == "ratio_at_most")
       j["meets_goal"] = *ratio <= r.goal->value;
+    else if (ratio && r.goal->kind == "ratio_equals")  // counts against formulas: exact
+      j["meets_goal"] = *ratio == r.goal->value;
     else
       j["meets_goal"] = nullptr;
   }

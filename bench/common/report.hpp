@@ -27,7 +27,7 @@ double now_seconds();
 Stats rate(double items, const Stats& seconds);
 
 struct Goal {
-  std::string kind;  // "ratio_at_least", "ratio_at_most", ...
+  std::string kind;  // "ratio_at_least", "ratio_at_most", "ratio_equals" (exact), ...
   double value = 0;
 };
 
