@@ -360,6 +360,24 @@ TEST_CASE("gpt sequence parallel: the whole model equals make_gpt (joint, split 
   }
 }
 
+TEST_CASE("gpt sequence parallel: gradients accumulate over micro-batches") {
+  // Two micro-batches into the same gradients (gradient accumulation): the LayerNorms' summed
+  // shard gradients must be added to what the gradients hold, not summed with it over the group
+  // (that would count the first micro-batch T times).
+  if (grid().tensor().size() == 1) SKIP("needs a tensor group of 2 or more");
+  for (Mode mode : {Mode::joint, Mode::split}) {
+    INFO("mode " << static_cast<int>(mode));
+    Reference ref(mode);
+    ref.result = ref.run(mode);  // the second micro-batch: gradients of both
+    Sharded tp(grid().tensor(), ref, "", true);
+    (void)tp.run(mode);
+    const Result got = tp.run(mode);
+    const double worst = compare(ref, tp, got);
+    if (print()) std::printf("[rank %d] sequence parallel, two micro-batches, mode %d: worst %.3g\n",
+                             grid().tensor().rank(), static_cast<int>(mode), worst);
+  }
+}
+
 TEST_CASE("gpt sequence parallel: the stored activations per rank shrink") {
   // What one forward leaves stored for backward (the ledger's device activations after the
   // forward, less before it), sequence parallel against plain tensor parallel. Expected, exactly:
