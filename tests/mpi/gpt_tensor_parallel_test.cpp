@@ -491,4 +491,14 @@ TEST_CASE("gpt sequence parallel: a sequence the degree does not divide is a cle
   auto ops = models::make_ops(*test::env().device, *stream);
   CHECK_THROWS_WITH(models::make_gpt_tensor_parallel(o, *ops, grid().tensor()),
                     ContainsSubstring("zero_train.model.seq_len"));
+  // A batch shorter than seq_len whose length the degree does not divide: the embedding refuses
+  // it on the host, before any collective (every rank throws alike).
+  Model m = models::make_gpt_tensor_parallel(options(true), *ops, grid().tensor());
+  test::ModelRunner runner(m, *ops, kSeed);
+  const int64_t S = grid().tensor().size() == 4 ? 6 : 7;
+  const std::vector<int32_t> ids(static_cast<size_t>(S), 1);
+  const Batch batch = runner.make_batch(Shape{1, S}, ids, Shape{1, S}, ids);
+  CHECK_THROWS_WITH(runner.forward(batch, std::vector<bool>(m.units.size(), false)),
+                    ContainsSubstring("sequence parallelism splits the sequence of " + std::to_string(S)) &&
+                        ContainsSubstring("zero_train.parallel.tensor"));
 }
