@@ -222,6 +222,7 @@ TensorParallelBlock::TensorParallelBlock(std::string name, std::vector<int> ids,
                                          coll::Communicator& tensor)
     : GptBlock(name, std::move(ids), ops, o, TensorGroup(tensor, ops.device(), "tensor parallel block " + name)) {
   check_tensor_parallel(o.shape, tensor.size());
+  if (o.sequence_parallel) check_sequence_parallel(o.shape, tensor.size());
   const ScalarType a = o.activation_type;
   ZERO_REQUIRE(to_dtype(a).has_value(),
                "tensor parallel block " + name_ + ": activations must be fp32, bf16 or fp16 (the "
