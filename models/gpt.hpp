@@ -29,6 +29,10 @@ struct GptOptions {
   GptShape shape;
   ScalarType param_type = ScalarType::f32;       // storage of parameters (cpu: f32/bf16/f16/f64)
   ScalarType activation_type = ScalarType::f32;  // cpu: f32 or f64; cuda: f32, bf16 or f16
+  // Megatron's sequence parallelism over the tensor group (gpt_tensor_parallel.hpp,
+  // docs/tensor-parallel.md "Sequence parallelism"): only make_gpt_tensor_parallel at degree > 1
+  // reads it; make_gpt and degree 1 ignore it (there is nothing to split).
+  bool sequence_parallel = false;
 };
 
 // Checks the shape (positive sizes, heads dividing the hidden size) and the types against the

@@ -35,18 +35,46 @@ Tensor GptBlock::run_forward(const UnitContext& ctx, State& s) {
                    "], got " + ctx.input.describe());
   const std::vector<Tensor>& w = ctx.params;
   const Tensor& x = ctx.input;
-  const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
   const int64_t P = group_.size();
+  // Sequence parallel: x is this rank's shard [B, T/P, C] (the replicated regions run on it);
+  // the column-split / row-split pairs see the whole [B, T, C].
+  const bool sp = seq_par();
+  const int64_t B = x.shape()[0], Ts = x.shape()[1], C = x.shape()[2];
+  const int64_t T = sp ? Ts * P : Ts;
   const int heads = opt_.shape.n_head / static_cast<int>(P);  // this rank's heads
   const int64_t Ca = C / P, F = 4 * C / P;                     // shard widths
   // The row-split matrices' replicated biases enter the sum once, on tensor rank 0.
   const bool adds_bias = group_.rank() == 0;
 
-  // Attention: ln_1 whole, then f (identity), c_attn on this rank's heads, c_proj partial, g.
-  s.ln1 = act(Shape{B, T, C});
-  s.mean1 = stats(Shape{B * T});
-  s.rstd1 = stats(Shape{B * T});
-  ops_.layernorm_forward(s.ln1, s.mean1, s.rstd1, x, w[0], w[1]);
+  // f: identity, or (sequence parallel) the all-gather of the LayerNorm's shard output; backward
+  // keeps the gathered tensor (the column-split matmul's weight gradient reads it).
+  auto layernorm_f = [&](Tensor& kept, Tensor& mean, Tensor& rstd, const Tensor& in, const Tensor& lw,
+                         const Tensor& lb) {
+    mean = stats(Shape{B * Ts});
+    rstd = stats(Shape{B * Ts});
+    if (!sp) {
+      kept = act(Shape{B, T, C});
+      ops_.layernorm_forward(kept, mean, rstd, in, lw, lb);
+      return;
+    }
+    const Tensor shard = act(Shape{B, Ts, C});
+    ops_.layernorm_forward(shard, mean, rstd, in, lw, lb);
+    kept = act(Shape{B, T, C});
+    all_gather(shard, kept);
+  };
+  // g: the all-reduce of the partial output, or (sequence parallel) its reduce-scatter to shards.
+  auto g = [&](Tensor partial) {
+    if (!sp) {
+      all_reduce(partial);
+      return partial;
+    }
+    Tensor shard = act(Shape{B, Ts, C});
+    reduce_scatter(partial, shard);
+    return shard;
+  };
+
+  // Attention: ln_1 (whole, or on the shard), f, c_attn on this rank's heads, c_proj partial, g.
+  layernorm_f(s.ln1, s.mean1, s.rstd1, x, w[0], w[1]);
   s.qkv = act(Shape{B, T, 3 * Ca});
   ops_.linear_forward(s.qkv, s.ln1, w[2], w[3]);
   s.probs = act(Shape{B, heads, T, T});
@@ -54,24 +82,21 @@ Tensor GptBlock::run_forward(const UnitContext& ctx, State& s) {
   ops_.attention_forward(s.atty, s.probs, s.qkv, heads);
   Tensor attproj = act(Shape{B, T, C});
   ops_.linear_forward(attproj, s.atty, w[4], adds_bias ? w[5] : Tensor());
-  all_reduce(attproj);  // g
-  s.res2 = act(Shape{B, T, C});
+  attproj = g(std::move(attproj));
+  s.res2 = act(Shape{B, Ts, C});
   ops_.add(s.res2, x, attproj);
   attproj = Tensor();
 
-  // MLP: ln_2 whole, f, c_fc on this rank's 4C/T columns, GELU, c_proj partial, g.
-  s.ln2 = act(Shape{B, T, C});
-  s.mean2 = stats(Shape{B * T});
-  s.rstd2 = stats(Shape{B * T});
-  ops_.layernorm_forward(s.ln2, s.mean2, s.rstd2, s.res2, w[6], w[7]);
+  // MLP: ln_2, f, c_fc on this rank's 4C/T columns, GELU, c_proj partial, g.
+  layernorm_f(s.ln2, s.mean2, s.rstd2, s.res2, w[6], w[7]);
   s.fch = act(Shape{B, T, F});
   ops_.linear_forward(s.fch, s.ln2, w[8], w[9]);
   s.fcg = act(Shape{B, T, F});
   ops_.gelu_forward(s.fcg, s.fch);
   Tensor fcproj = act(Shape{B, T, C});
   ops_.linear_forward(fcproj, s.fcg, w[10], adds_bias ? w[11] : Tensor());
-  all_reduce(fcproj);  // g
-  Tensor out = act(Shape{B, T, C});
+  fcproj = g(std::move(fcproj));
+  Tensor out = act(Shape{B, Ts, C});
   ops_.add(out, s.res2, fcproj);
   return out;
 }
@@ -80,7 +105,7 @@ void GptBlock::backward_with(UnitContext& ctx, WeightGrads& wg) {
   require_params(ctx, true);
   ZERO_REQUIRE(ctx.grad_output, "gpt unit " + name_ + ": backward without grad_output");
   // Checkpointed: re-materialise. The same ops on the same input and parameters give bitwise
-  // the same intermediates (every op is deterministic, the all-reduce sums in rank order), hence
+  // the same intermediates (every op is deterministic, the collectives sum in rank order), hence
   // the same gradients.
   std::unique_ptr<State> owned;
   State* s = &saved_or_recomputed(ctx, owned, [&](State& st) { (void)run_forward(ctx, st); });
@@ -88,39 +113,66 @@ void GptBlock::backward_with(UnitContext& ctx, WeightGrads& wg) {
   const std::vector<Tensor>& g = ctx.grads;
   const Tensor& x = ctx.input;
   const Tensor& dout = ctx.grad_output;
-  const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2];
-  const int64_t P = group_.size(), Ca = C / P, F = 4 * C / P;
+  const int64_t P = group_.size();
+  const bool sp = seq_par();
+  const int64_t B = x.shape()[0], Ts = x.shape()[1], C = x.shape()[2];
+  const int64_t T = sp ? Ts * P : Ts;
+  const int64_t Ca = C / P, F = 4 * C / P;
   const int heads = opt_.shape.n_head / static_cast<int>(P);
 
-  // out = res2 + mlp(res2): the MLP branch first. g's backward is the identity: every rank has
-  // the whole dout; c_proj's (replicated) bias gradient is the column sum of dout, alike on
-  // every rank.
+  // g's backward: the identity (every rank has the whole gradient), or (sequence parallel) the
+  // all-gather of the shards' gradients.
+  auto g_back = [&](const Tensor& shard) {
+    if (!sp) return shard;
+    Tensor full = act(Shape{B, T, C});
+    all_gather(shard, full);
+    return full;
+  };
+  // f's backward then the LayerNorm's: the partial input gradient all-reduced, or (sequence
+  // parallel) reduce-scattered to the shard, whose LayerNorm gradients are summed over the group.
+  auto f_back_layernorm = [&](const Tensor& dx, Tensor partial, const Tensor& in, int lw, const Tensor& mean,
+                              const Tensor& rstd) {
+    if (!sp) {
+      all_reduce(partial);
+      ops_.layernorm_backward(dx, g[lw], g[lw + 1], partial, in, w[lw], mean, rstd);
+      return;
+    }
+    const Tensor shard = act(Shape{B, Ts, C});
+    reduce_scatter(partial, shard);
+    partial = Tensor();
+    replicated_grads(g[lw], g[lw + 1], [&](const Tensor& dw, const Tensor& db) {
+      ops_.layernorm_backward(dx, dw, db, shard, in, w[lw], mean, rstd);
+    });
+  };
+
+  // out = res2 + mlp(res2): the MLP branch first. c_proj's (replicated) bias gradient is the
+  // column sum of the whole dout, alike on every rank.
+  const Tensor dout_full = g_back(dout);
   Tensor dfcg = act(Shape{B, T, F});
-  wg.linear(dfcg, 10, 11, dout, s->fcg, w[10]);
+  wg.linear(dfcg, 10, 11, dout_full, s->fcg, w[10]);
   Tensor dfch = act(Shape{B, T, F});
   ops_.gelu_backward(dfch, dfcg, s->fch);
   dfcg = Tensor();
   Tensor dln2 = act(Shape{B, T, C});
   wg.linear(dln2, 8, 9, dfch, s->ln2, w[8]);
   dfch = Tensor();
-  all_reduce(dln2);  // f's backward: this rank's columns gave part of ln_2's output gradient
-  Tensor dres2 = act(Shape{B, T, C});
-  ops_.layernorm_backward(dres2, g[6], g[7], dln2, s->res2, w[6], s->mean2, s->rstd2);
+  // f's backward: this rank's columns gave part of ln_2's output gradient.
+  Tensor dres2 = act(Shape{B, Ts, C});
+  f_back_layernorm(dres2, std::move(dln2), s->res2, 6, s->mean2, s->rstd2);
   ops_.accumulate(dres2, dout);  // the residual path
-  dln2 = Tensor();
 
   // res2 = x + attn(x): the attention branch, the same way.
+  const Tensor dres2_full = g_back(dres2);
   Tensor datty = act(Shape{B, T, Ca});
-  wg.linear(datty, 4, 5, dres2, s->atty, w[4]);
+  wg.linear(datty, 4, 5, dres2_full, s->atty, w[4]);
   Tensor dqkv = act(Shape{B, T, 3 * Ca});
   ops_.attention_backward(dqkv, datty, s->qkv, s->probs, heads);
   datty = Tensor();
   Tensor dln1 = act(Shape{B, T, C});
   wg.linear(dln1, 2, 3, dqkv, s->ln1, w[2]);
   dqkv = Tensor();
-  all_reduce(dln1);  // f's backward
-  Tensor dx = act(Shape{B, T, C});
-  ops_.layernorm_backward(dx, g[0], g[1], dln1, x, w[0], s->mean1, s->rstd1);
+  Tensor dx = act(Shape{B, Ts, C});
+  f_back_layernorm(dx, std::move(dln1), x, 0, s->mean1, s->rstd1);
   ops_.accumulate(dx, dres2);  // the residual path
   ctx.grad_input = dx;
 }

@@ -12,6 +12,13 @@
 // sum once. At T = 1 the all-reduces are no-ops and rank 0 adds the biases: the same ops in the
 // same order as the unsplit block always had, so make_gpt's results are bitwise unchanged.
 //
+// Sequence parallel (GptOptions::sequence_parallel, degree > 1; gpt_tensor_parallel.hpp): the
+// input, the output and the LayerNorm / residual regions are this rank's token shard
+// [B, T/P, C]; f is an all-gather of the LayerNorm's output (backward: reduce-scatter), g a
+// reduce-scatter (backward: all-gather); ln_1's and ln_2's gradients are all-reduced over the
+// group inside backward (GptUnit::replicated_grads), so they come out whole and alike. State
+// keeps the gathered LayerNorm outputs (the column-split matmuls' weight gradients read them).
+//
 // Parameter order (ctx.params / ctx.grads): ln_1.w, ln_1.b, c_attn.w, c_attn.b, attn c_proj.w,
 // c_proj.b, ln_2.w, ln_2.b, c_fc.w, c_fc.b, mlp c_proj.w, c_proj.b.
 //

@@ -17,30 +17,50 @@ GptEnd::GptEnd(std::string name, std::vector<int> ids, Ops& ops, const GptOption
 void GptEmbedding::forward(UnitContext& ctx) {
   require_params(ctx, false);
   const auto [B, T] = batch_dims(ctx);
-  ctx.output = act(Shape{B, T, opt_.shape.n_embd});
+  const int64_t P = group_.size();
+  if (seq_par())
+    ZERO_REQUIRE(T % P == 0, "gpt unit " + name_ + ": sequence parallelism splits the sequence of " +
+                                 std::to_string(T) + " tokens over the tensor group of " + std::to_string(P) +
+                                 ", which does not divide it: pick zero_train.model.seq_len (and the batches' "
+                                 "length) divisible by zero_train.parallel.tensor");
+  Tensor whole = act(Shape{B, T, opt_.shape.n_embd});
   if (group_.size() == 1) {  // the whole table: make_gpt's op
-    ops_.embedding_forward(ctx.output, ctx.batch->inputs, ctx.params[0], ctx.params[1]);
+    ops_.embedding_forward(whole, ctx.batch->inputs, ctx.params[0], ctx.params[1]);
+    ctx.output = whole;
     return;
   }
   // Each rank looks up the tokens of its vocabulary rows (0 for the others), tensor rank 0 adds
-  // the positions, and the sum over the group is the whole embedding on every rank (exactly
-  // wte[token] + wpe[t] in fp32: one rank's term plus zeros).
-  ops_.embedding_forward_shard(ctx.output, ctx.batch->inputs, ctx.params[0],
+  // the positions, and the sum over the group is the whole embedding (exactly wte[token] +
+  // wpe[t] in fp32: one rank's term plus zeros): all-reduced to every rank, or (sequence
+  // parallel) reduce-scattered, each rank keeping its shard [B, T/P, C].
+  ops_.embedding_forward_shard(whole, ctx.batch->inputs, ctx.params[0],
                                group_.rank() == 0 ? ctx.params[1] : Tensor(), vocab_begin(),
                                opt_.shape.vocab_size);
-  all_reduce(ctx.output);
+  if (!seq_par()) {
+    all_reduce(whole);
+    ctx.output = whole;
+    return;
+  }
+  ctx.output = act(Shape{B, T / P, opt_.shape.n_embd});
+  reduce_scatter(whole, ctx.output);
 }
 
 void GptEmbedding::backward_with(UnitContext& ctx, WeightGrads& wg) {
   require_params(ctx, true);
   ZERO_REQUIRE(ctx.grad_output, "gpt unit " + name_ + ": backward without grad_output");
-  (void)batch_dims(ctx);
-  // Every rank has the whole output gradient (the first block's input gradient): it adds into
-  // its own wte rows only, and computes wpe's (replicated) gradient whole, alike on every rank.
+  const auto [B, T] = batch_dims(ctx);
+  // Every rank has the whole output gradient (the first block's input gradient; sequence
+  // parallel: all-gathered from the shards, the reduce-scatter's conjugate): it adds into its own
+  // wte rows only, and computes wpe's (replicated) gradient whole, alike on every rank.
+  Tensor dout = ctx.grad_output;
+  if (seq_par()) {
+    dout = act(Shape{B, T, opt_.shape.n_embd});
+    all_gather(ctx.grad_output, dout);
+  }
   if (group_.size() == 1)
-    wg.embedding(0, 1, ctx.grad_output, ctx.batch->inputs);
+    wg.embedding(0, 1, dout, ctx.batch->inputs);
   else
-    wg.embedding_shard(0, 1, ctx.grad_output, ctx.batch->inputs, vocab_begin(), opt_.shape.vocab_size);
+    wg.embedding_shard(0, 1, dout, ctx.batch->inputs, vocab_begin(), opt_.shape.vocab_size);
   ctx.grad_input = Tensor();
 }
 
@@ -62,10 +82,25 @@ void GptHead::forward(UnitContext& ctx) {
   const Tensor& x = ctx.input;
   const int64_t C = opt_.shape.n_embd, V = opt_.shape.vocab_size;
   auto s = std::make_unique<HeadState>();
-  s->lnf = act(Shape{B, T, C});
-  s->mean = stats(Shape{B * T});
-  s->rstd = stats(Shape{B * T});
-  ops_.layernorm_forward(s->lnf, s->mean, s->rstd, x, ctx.params[0], ctx.params[1]);
+  if (!seq_par()) {
+    s->lnf = act(Shape{B, T, C});
+    s->mean = stats(Shape{B * T});
+    s->rstd = stats(Shape{B * T});
+    ops_.layernorm_forward(s->lnf, s->mean, s->rstd, x, ctx.params[0], ctx.params[1]);
+  } else {
+    // ln_f on this rank's shard [B, T/P, C], then the all-gather of its output for the
+    // vocabulary-parallel logits (every rank scores every position against its vocabulary rows).
+    const int64_t rows = B * T / group_.size();
+    ZERO_REQUIRE(x.numel() == rows * C, "gpt unit " + name_ + ": the sequence-parallel input must be [" +
+                                            std::to_string(B) + ", " + std::to_string(T / group_.size()) +
+                                            ", " + std::to_string(C) + "], got " + x.describe());
+    const Tensor shard = act(x.shape());
+    s->mean = stats(Shape{rows});
+    s->rstd = stats(Shape{rows});
+    ops_.layernorm_forward(shard, s->mean, s->rstd, x, ctx.params[0], ctx.params[1]);
+    s->lnf = act(Shape{B, T, C});
+    all_gather(shard, s->lnf);
+  }
   s->logits = act(Shape{B, T, V / group_.size()});  // this rank's vocabulary columns
   ops_.linear_t_forward(s->logits, s->lnf, ctx.params[2]);
   Tensor losses = stats(Shape{B * T});
@@ -98,14 +133,24 @@ void GptHead::backward_with(UnitContext& ctx, WeightGrads& wg) {
   else
     ops_.cross_entropy_shard_backward(dlogits, s->logits, s->rowmax, s->sums, ctx.batch->targets,
                                       vocab_begin(), opt_.shape.vocab_size, ctx.grad_scale);
-  Tensor dlnf = act(x.shape());
+  Tensor dlnf = act(s->lnf.shape());
   wg.linear_t(dlnf, 2, dlogits, s->lnf, ctx.params[2]);
   dlogits = Tensor();
   // f's backward: this rank's vocabulary columns gave part of ln_f's output gradient. (Its wte
-  // gradient, in W, needs no sum: the rank's rows from its own columns.)
-  all_reduce(dlnf);
+  // gradient, in W, needs no sum: the rank's rows from its own columns.) Sequence parallel: the
+  // sum is reduce-scattered to the shard ln_f ran on, and ln_f's gradients summed over the group.
   Tensor dx = act(x.shape());
-  ops_.layernorm_backward(dx, ctx.grads[0], ctx.grads[1], dlnf, x, ctx.params[0], s->mean, s->rstd);
+  if (!seq_par()) {
+    all_reduce(dlnf);
+    ops_.layernorm_backward(dx, ctx.grads[0], ctx.grads[1], dlnf, x, ctx.params[0], s->mean, s->rstd);
+  } else {
+    const Tensor shard = act(x.shape());
+    reduce_scatter(dlnf, shard);
+    dlnf = Tensor();
+    replicated_grads(ctx.grads[0], ctx.grads[1], [&](const Tensor& dw, const Tensor& db) {
+      ops_.layernorm_backward(dx, dw, db, shard, x, ctx.params[0], s->mean, s->rstd);
+    });
+  }
   ctx.grad_input = dx;
 }
 

@@ -23,6 +23,12 @@
 //     backward) before ln_f's backward; the wte shard's gradient from the local logits' one.
 //   Per micro-batch: all-reduces of B T C (embedding), B T (max) and 2 B T (sums) elements in
 //   forward, B T C in backward.
+// Sequence parallel (GptOptions::sequence_parallel, T > 1): the embedding reduce-scatters
+//   instead of all-reducing (its output is this rank's token shard [B, S/T, C]; the batch's
+//   length S must be divisible by T, else a clear error) and all-gathers the output gradient in
+//   backward; the head runs ln_f on its input shard, all-gathers ln_f's output for the logits,
+//   and reduce-scatters ln_f's output gradient in backward, all-reducing ln_f's weight and bias
+//   gradients (GptUnit::replicated_grads).
 // At T = 1 both run make_gpt's ops exactly (bitwise the unsplit ends).
 #pragma once
 

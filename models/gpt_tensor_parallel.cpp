@@ -32,6 +32,15 @@ void check_tensor_parallel(const GptShape& s, int degree) {
                    "multiple of the degree (zero_train.model.vocab_size, zero_train.parallel.tensor)");
 }
 
+void check_sequence_parallel(const GptShape& s, int degree) {
+  check_tensor_parallel(s, degree);
+  ZERO_REQUIRE(s.seq_len % degree == 0,
+               "sequence parallel: seq_len " + std::to_string(s.seq_len) +
+                   " is not divisible by the tensor-parallel degree " + std::to_string(degree) +
+                   ": each tensor rank keeps 1/degree of the sequence between the blocks; pick a sequence "
+                   "length divisible by the degree (zero_train.model.seq_len, zero_train.parallel.tensor)");
+}
+
 std::vector<int> add_tensor_parallel_block_params(std::vector<ParamSpec>& params, const GptOptions& o,
                                                   int layer, int rank, int degree) {
   check_tensor_parallel(o.shape, degree);
@@ -133,6 +142,7 @@ Model make_gpt_tensor_parallel(const GptOptions& o, Ops& ops, coll::Communicator
   check_gpt_options(o, ops);
   check_tensor_parallel(o.shape, tensor.size());
   check_tensor_parallel_types(o, tensor, "gpt (tensor parallel)");
+  if (o.sequence_parallel) check_sequence_parallel(o.shape, tensor.size());
   const GptShape& s = o.shape;
   const int rank = tensor.rank(), degree = tensor.size();
   Model m;
@@ -140,6 +150,7 @@ Model make_gpt_tensor_parallel(const GptOptions& o, Ops& ops, coll::Communicator
            std::to_string(s.n_head) + ", vocab " + std::to_string(s.vocab_size) + ", seq_len " +
            std::to_string(s.seq_len) + ")";
   if (degree > 1) m.name += " tensor rank " + std::to_string(rank) + " of " + std::to_string(degree);
+  if (degree > 1 && o.sequence_parallel) m.name += ", sequence parallel";
   m.params = gpt_tensor_parallel_params(o, rank, degree);
   const int wte = 0, wpe = 1;
   // Each Unit its own group (its own event); degree 1 needs no communicator: make_gpt's Units
@@ -161,7 +172,8 @@ Model make_gpt_tensor_parallel(const GptOptions& o, Ops& ops, coll::Communicator
 }
 
 TensorParallelTraffic gpt_tensor_parallel_traffic(const GptOptions& o, int degree, int64_t micro_batch,
-                                                  int64_t seq_len, int checkpointed_blocks) {
+                                                  int64_t seq_len, int checkpointed_blocks,
+                                                  std::optional<ScalarType> grad_type) {
   check_tensor_parallel(o.shape, degree);
   ZERO_REQUIRE(micro_batch >= 0 && seq_len >= 0 && checkpointed_blocks >= 0 &&
                    checkpointed_blocks <= o.shape.n_layer,
@@ -170,14 +182,25 @@ TensorParallelTraffic gpt_tensor_parallel_traffic(const GptOptions& o, int degre
                    " must be non-negative, the last at most n_layer " + std::to_string(o.shape.n_layer));
   TensorParallelTraffic t;
   t.degree = degree;
-  if (degree == 1) return t;  // no all-reduce runs
+  if (degree == 1) return t;  // no collective runs
   const int64_t rows = micro_batch * seq_len;
   const int64_t act = rows * o.shape.n_embd * static_cast<int64_t>(size_of(o.activation_type));
   const int64_t stat = rows * static_cast<int64_t>(size_of(ScalarType::f32));
-  const int64_t L = o.shape.n_layer;
-  const int64_t block_calls = 4 * L + 2 * checkpointed_blocks;
-  t.calls = block_calls + 4;                   // + embedding, head max, head sums, head backward
-  t.bytes = (block_calls + 2) * act + 3 * stat;  // the head's max and sums: 1 + 2 rows of fp32
+  const int64_t L = o.shape.n_layer, ck = checkpointed_blocks;
+  if (!o.sequence_parallel) {
+    const int64_t block_calls = 4 * L + 2 * ck;
+    t.calls = block_calls + 4;                     // + embedding, head max, head sums, head backward
+    t.bytes = (block_calls + 2) * act + 3 * stat;  // the head's max and sums: 1 + 2 rows of fp32
+    return t;
+  }
+  // Sequence parallel: every all-reduce of an activation becomes a reduce-scatter or an
+  // all-gather of the same buffer, and each backward all-reduce's conjugate joins it; the
+  // replicated LayerNorms' [2, C] gradients are all-reduced (gradients' type).
+  const int64_t ln = 2 * o.shape.n_embd * static_cast<int64_t>(size_of(grad_type.value_or(o.param_type)));
+  t.gs_calls = 8 * L + 4 * ck + 4;  // blocks 4 + 4 (+4 recomputed); embedding 2; head 2
+  t.gs_bytes = t.gs_calls * act;
+  t.calls = 2 * L + 3;  // ln_1 and ln_2 per block; the head's max, sums and ln_f
+  t.bytes = (2 * L + 1) * ln + 3 * stat;
   return t;
 }
 
@@ -189,6 +212,8 @@ TensorParallelTraffic measured_tensor_parallel_traffic(const Model& model) {
     if (g == nullptr) continue;  // not a GPT Unit: no tensor all-reduces of ours
     t.calls += g->all_reduce_calls();
     t.bytes += g->all_reduce_bytes();
+    t.gs_calls += g->gather_scatter_calls();
+    t.gs_bytes += g->gather_scatter_bytes();
   }
   return t;
 }
@@ -197,6 +222,7 @@ TensorParallelBlock::TensorParallelBlock(std::string name, std::vector<int> ids,
                                          coll::Communicator& tensor)
     : GptBlock(name, std::move(ids), ops, o, TensorGroup(tensor, ops.device(), "tensor parallel block " + name)) {
   check_tensor_parallel(o.shape, tensor.size());
+  if (o.sequence_parallel) check_sequence_parallel(o.shape, tensor.size());
   const ScalarType a = o.activation_type;
   ZERO_REQUIRE(to_dtype(a).has_value(),
                "tensor parallel block " + name_ + ": activations must be fp32, bf16 or fp16 (the "

@@ -22,7 +22,8 @@
 // replicated bias of a row-split matrix enters the all-reduced sum once (tensor rank 0 adds it
 // to its partial product; Ops has no broadcast bias-add), and every rank computes its gradient
 // whole, as the replicated LayerNorms' gradients: from replicated tensors, so they are equal on
-// every rank of the group and need no sum (that changes with sequence parallelism).
+// every rank of the group and need no sum (with sequence parallelism the LayerNorms' need one:
+// below).
 //
 // Parameters keep Hugging Face GPT-2's names; shapes are the shards', and ParamSpec::slice says
 // which part of the whole parameter each is (c_attn: dimension 1 as 3 blocks q | k | v; its bias
@@ -37,6 +38,26 @@
 // collectives pair up by order). Checkpointed blocks repeat their forward all-reduces when they
 // recompute.
 //
+// Sequence parallelism (GptOptions::sequence_parallel; Korthikanti et al. 2022; degree > 1 only,
+// degree 1 ignores it). Between the blocks, and inside them in the replicated regions (the
+// LayerNorms, the residual adds; the model has no dropout), each rank holds 1/T of the
+// micro-batch's tokens: a [B, T_seq/T, C] tensor that is rows [t B T_seq/T, (t+1) B T_seq/T) of
+// the micro-batch's [B T_seq, C] token rows (with B = 1 exactly the sequence positions
+// [t T_seq/T, (t+1) T_seq/T); docs/tensor-parallel.md, "Sequence parallelism", says why this
+// layout). f becomes an all-gather of the LayerNorm's shard output before each column-split
+// matmul (backward: a reduce-scatter of the partial input gradient), g a reduce-scatter of the
+// row-split matmul's partial output (backward: an all-gather of the shards' output gradient).
+// The embedding reduce-scatters its output (backward: all-gathers the gradient); the head runs
+// ln_f on the shard and all-gathers its output before the vocabulary-parallel logits (backward:
+// reduce-scatter). The replicated LayerNorms' weights and biases (ln_1, ln_2, ln_f) then see
+// only their shard's rows: each Unit all-reduces those gradients (one [2, C] buffer per
+// LayerNorm) inside its backward, so every tensor rank ends with the whole replicated gradient,
+// alike, and the engine is unchanged. The row-split matmuls' biases and wpe need no sum: their
+// gradients come from the all-gathered output gradients, whole. seq_len (and each batch's
+// length) must be divisible by the degree (check_sequence_parallel; the embedding checks the
+// batch). The same ring volume per block as without (a reduce-scatter plus an all-gather move
+// what one all-reduce moves), plus the LayerNorm gradients' small all-reduces.
+//
 // Supports split backward (B/W, as the unsplit block: LayerNorm gradients in B, the four
 // matmuls' weight and bias gradients in W; the backward all-reduces are in B) and activation
 // checkpointing, both bitwise equal to the joint, stored backward.
@@ -49,6 +70,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +86,10 @@ namespace zero::models {
 // (zero_train.model.n_head / vocab_size, zero_train.parallel.tensor). For --validate as well as
 // for make_*.
 void check_tensor_parallel(const GptShape& shape, int degree);
+
+// check_tensor_parallel, and that the degree divides seq_len (sequence parallelism keeps 1/degree
+// of each sequence per rank), naming zero_train.model.seq_len and zero_train.parallel.tensor.
+void check_sequence_parallel(const GptShape& shape, int degree);
 
 // Appends the 12 parameters of block `layer` for tensor rank `rank` of `degree` to `params`
 // (names, shard shapes, slice metadata, initialisation as make_gpt's) and returns their ids in
@@ -97,11 +123,17 @@ Model make_gpt_tensor_parallel(const GptOptions& options, Ops& ops, coll::Commun
 // What one tensor rank hands to the tensor group's all-reduces (docs/tensor-parallel.md,
 // "Communication"): `calls` all-reduces carrying `bytes` of payload (the buffers' bytes). A ring
 // all-reduce sends 2 (T-1)/T of its payload per rank and receives as much: wire_bytes().
+// Sequence parallel: `gs_calls` all-gathers and reduce-scatters, `gs_bytes` their payload (the
+// whole, gathered buffer's bytes per call), of which a ring sends (T-1)/T per rank.
 struct TensorParallelTraffic {
   int64_t calls = 0;
   int64_t bytes = 0;
+  int64_t gs_calls = 0;
+  int64_t gs_bytes = 0;
   int degree = 1;
-  double wire_bytes() const noexcept { return degree > 1 ? 2.0 * (degree - 1) / degree * double(bytes) : 0.0; }
+  double wire_bytes() const noexcept {
+    return degree > 1 ? (degree - 1.0) / degree * (2.0 * double(bytes) + double(gs_bytes)) : 0.0;
+  }
   friend bool operator==(const TensorParallelTraffic&, const TensorParallelTraffic&) = default;
 };
 
@@ -116,9 +148,19 @@ struct TensorParallelTraffic {
 // so 4 L + 4 calls, (4 L + 2) a C A + 12 a bytes; Megatron's 4 (all-reduces per layer) x 2 (T-1)/T
 // x b s h bytes per layer is wire_bytes() of the blocks' part. Degree 1: nothing. Per training
 // step multiply by the micro-batches (gradient accumulation steps). Pure: no communicator.
+// With options.sequence_parallel (G = the gradients' bytes, `grad_type`, default the parameters'):
+//   each block   4 all-gathers/reduce-scatters of a C A forward, 4 backward, +4 when
+//                checkpointed; 2 all-reduces of 2 C G (ln_1's and ln_2's gradients)
+//   embedding    1 reduce-scatter forward, 1 all-gather backward, of a C A
+//   head         1 all-gather (ln_f's output) forward, 1 reduce-scatter backward, of a C A; the
+//                same max and sums all-reduces; 1 all-reduce of 2 C G (ln_f's gradients)
+// so gs_calls = 8 L + 4 + 4 per checkpointed block of a C A each, and 2 L + 3 all-reduces of
+// (2 L + 1) 2 C G + 12 a bytes: per block the same ring volume as without (a reduce-scatter and
+// an all-gather move what one all-reduce moves) plus the LayerNorms' 4 C G.
 TensorParallelTraffic gpt_tensor_parallel_traffic(const GptOptions& options, int degree,
                                                   int64_t micro_batch, int64_t seq_len,
-                                                  int checkpointed_blocks = 0);
+                                                  int checkpointed_blocks = 0,
+                                                  std::optional<ScalarType> grad_type = std::nullopt);
 
 // What the Units of `model` (make_gpt or make_gpt_tensor_parallel) have handed to tensor
 // all-reduces so far, summed over its Units: the measured counterpart of the formula above.

@@ -32,6 +32,8 @@ class GptUnit : public Unit {
   const TensorGroup& tensor_group() const noexcept { return group_; }
   int64_t all_reduce_bytes() const noexcept { return group_.all_reduce_bytes(); }
   int64_t all_reduce_calls() const noexcept { return group_.all_reduce_calls(); }
+  int64_t gather_scatter_bytes() const noexcept { return group_.gather_scatter_bytes(); }
+  int64_t gather_scatter_calls() const noexcept { return group_.gather_scatter_calls(); }
 
  protected:
   static ScalarType stat_type(ScalarType a) { return a == ScalarType::f64 ? ScalarType::f64 : ScalarType::f32; }
@@ -58,6 +60,42 @@ class GptUnit : public Unit {
   }
   // Megatron's f (backward) and g (forward): sums t over the tensor group in place.
   void all_reduce(const Tensor& t, coll::ReduceOp op = coll::ReduceOp::sum) { group_.all_reduce(ops_, t, op); }
+
+  // Sequence parallelism is on: the option, and a group of more than one rank (at degree 1 the
+  // shard is the whole sequence and the Units run make_gpt's ops).
+  bool seq_par() const noexcept { return opt_.sequence_parallel && group_.size() > 1; }
+  // Sequence parallelism's exchanges (TensorGroup): shard rows <-> the whole micro-batch's rows.
+  void all_gather(const Tensor& shard, const Tensor& full) { group_.all_gather(ops_, shard, full); }
+  void reduce_scatter(const Tensor& full, const Tensor& shard) { group_.reduce_scatter(ops_, full, shard); }
+
+  // A replicated LayerNorm's weight and bias gradients when each rank saw only its sequence
+  // shard: `backward(dw, db)` adds the shard's part into zeroed temporaries (one [2, C] buffer of
+  // the gradients' type), one all-reduce sums them over the group, and they are added into gw
+  // and gb. Every rank then holds the whole gradient, alike, as without sequence parallelism: the
+  // engine needs no change. (Added, not summed in place: gw may already hold earlier
+  // micro-batches' gradient, which is alike on every rank and must not be counted T times.)
+  template <class F>
+  void replicated_grads(const Tensor& gw, const Tensor& gb, F&& backward) {
+    const ScalarType gt = gw.type();
+    const int64_t C = gw.numel();
+    ZERO_REQUIRE(gb.type() == gt && gb.numel() == C, "gpt unit " + name_ + ": LayerNorm gradients " +
+                                                         gw.describe() + " and " + gb.describe() + " differ");
+    ZERO_REQUIRE(gt == ScalarType::f32 || gt == opt_.activation_type,
+                 "gpt unit " + name_ + " (sequence parallel): the LayerNorm gradients are " +
+                     std::string(to_string(gt)) + "; they are summed over the tensor group and added with "
+                     "Ops::accumulate, which takes fp32 or the activation type (" +
+                     std::string(to_string(opt_.activation_type)) + "): keep gradients in one of those");
+    Tensor tmp = Tensor::empty(ops_.device(), Shape{2, C}, gt, MemCategory::gradients);
+    ops_.zero(tmp);
+    auto* base = static_cast<unsigned char*>(tmp.data());
+    const Tensor tw = Tensor::view(base, Shape{C}, gt);
+    const Tensor tb = Tensor::view(base + static_cast<size_t>(C) * size_of(gt), Shape{C}, gt);
+    backward(tw, tb);
+    all_reduce(tmp);
+    ops_.accumulate(gw, tw);
+    ops_.accumulate(gb, tb);
+    TensorGroup::hold(ops_, tmp, tmp);  // the views own nothing: tmp lives until they are read
+  }
 
   std::string name_;
   std::vector<int> ids_;

@@ -56,9 +56,10 @@ coll::ProcessGrid& grid_of_one() {
   return g;
 }
 
-models::GptOptions options() {
+models::GptOptions options(bool sequence_parallel = false) {
   models::GptOptions o;
   o.shape = kShape;
+  o.sequence_parallel = sequence_parallel;
   return o;
 }
 
@@ -111,7 +112,7 @@ struct Run {
     model = std::move(m);
     runner = std::make_unique<test::ModelRunner>(model, *ops, kSeed);
   }
-  Result run(Mode mode) {
+  Batch batch() {
     const int64_t T = kShape.seq_len;
     std::vector<int32_t> tokens, targets;
     for (int64_t i = 0; i < kB * T; ++i) {
@@ -119,7 +120,10 @@ struct Run {
       // Every 5th target ignored (-1): the counting convention must match.
       targets.push_back(i % 5 == 3 ? -1 : static_cast<int32_t>((i * 53 + 7) % kShape.vocab_size));
     }
-    const Batch batch = runner->make_batch(Shape{kB, T}, tokens, Shape{kB, T}, targets);
+    return runner->make_batch(Shape{kB, T}, tokens, Shape{kB, T}, targets);
+  }
+  Result run(Mode mode) {
+    const Batch batch = this->batch();
     std::vector<bool> ckpt(model.units.size(), mode == Mode::checkpoint);
     Result r;
     r.loss = runner->forward(batch, ckpt);
@@ -162,8 +166,8 @@ struct Reference : Run {
 // make_gpt_tensor_parallel on `tensor`, holding its slices of the reference's values. `wrong`:
 // the parameters whose name contains it hold the next rank's slice (a control).
 struct Sharded : Run {
-  Sharded(coll::Communicator& tensor, const Reference& ref, const std::string& wrong = "") {
-    build(models::make_gpt_tensor_parallel(options(), *ops, tensor));
+  Sharded(coll::Communicator& tensor, const Reference& ref, const std::string& wrong = "", bool sp = false) {
+    build(models::make_gpt_tensor_parallel(options(sp), *ops, tensor));
     REQUIRE(model.params.size() == ref.model.params.size());
     for (size_t i = 0; i < model.params.size(); ++i) {
       ParamSpec spec = model.params[i];
@@ -252,13 +256,17 @@ TEST_CASE("gpt tensor parallel: degree 1 is make_gpt bit for bit") {
     CHECK(std::vector<int>(a.begin(), a.end()) == std::vector<int>(b.begin(), b.end()));
   }
   for (Mode mode : {Mode::joint, Mode::checkpoint}) {
-    Reference r(mode);
-    Sharded s(grid_of_one().tensor(), r);
-    const Result got = s.run(mode);
-    CHECK(got.loss == r.result.loss);  // bitwise: the same ops in the same order
-    CHECK(got.logits == r.result.logits);
-    CHECK(got.grads == r.result.grads);
-    CHECK(s.all_reduce_calls() == 0);
+    for (bool sp : {false, true}) {  // sequence parallelism has nothing to split at degree 1
+      INFO("sequence parallel " << sp);
+      Reference r(mode);
+      Sharded s(grid_of_one().tensor(), r, "", sp);
+      const Result got = s.run(mode);
+      CHECK(got.loss == r.result.loss);  // bitwise: the same ops in the same order
+      CHECK(got.logits == r.result.logits);
+      CHECK(got.grads == r.result.grads);
+      CHECK(s.all_reduce_calls() == 0);
+      CHECK(models::measured_tensor_parallel_traffic(s.model).gs_calls == 0);
+    }
   }
 }
 
@@ -325,4 +333,172 @@ TEST_CASE("gpt tensor parallel: bad degrees and ranks are clear errors") {
                         ContainsSubstring("zero_train.model.vocab_size") &&
                         ContainsSubstring("zero_train.parallel.tensor"));
   CHECK_NOTHROW(models::check_tensor_parallel(odd_vocab, 1));
+}
+
+// ---- sequence parallelism (Korthikanti et al. 2022) ------------------------------------------
+
+TEST_CASE("gpt sequence parallel: the whole model equals make_gpt (joint, split B/W, checkpointed)") {
+  // The same bound as tensor parallelism: sequence parallelism changes only which rank sums what
+  // (the reduce-scatter sums the same rank-order partials the all-reduce did; the LayerNorm
+  // gradients are T shard sums added in rank order instead of one sum over all rows).
+  if (grid().tensor().size() == 1) SKIP("needs a tensor group of 2 or more");
+  const int T = grid().tensor().size();
+  for (Mode mode : {Mode::joint, Mode::split, Mode::checkpoint}) {
+    INFO("mode " << static_cast<int>(mode));
+    const Reference ref(mode);
+    Sharded tp(grid().tensor(), ref, "", true);
+    const Result got = tp.run(mode);
+    const double worst = compare(ref, tp, got);
+    if (print()) std::printf("[rank %d] sequence parallel, mode %d: worst %.3g\n", grid().tensor().rank(),
+                             static_cast<int>(mode), worst);
+    CHECK(rel_diff(got.logits, logit_columns(ref.result.logits, grid().tensor().rank(), T)) <= kBound);
+    const models::TensorParallelTraffic measured = models::measured_tensor_parallel_traffic(tp.model);
+    const models::TensorParallelTraffic formula = models::gpt_tensor_parallel_traffic(
+        options(true), T, kB, kShape.seq_len, mode == Mode::checkpoint ? kShape.n_layer : 0);
+    CHECK(measured == formula);
+    CHECK(measured.gs_calls == 8 * kShape.n_layer + 4 + (mode == Mode::checkpoint ? 4 * kShape.n_layer : 0));
+  }
+}
+
+TEST_CASE("gpt sequence parallel: gradients accumulate over micro-batches") {
+  // Two micro-batches into the same gradients (gradient accumulation): the LayerNorms' summed
+  // shard gradients must be added to what the gradients hold, not summed with it over the group
+  // (that would count the first micro-batch T times).
+  if (grid().tensor().size() == 1) SKIP("needs a tensor group of 2 or more");
+  for (Mode mode : {Mode::joint, Mode::split}) {
+    INFO("mode " << static_cast<int>(mode));
+    Reference ref(mode);
+    ref.result = ref.run(mode);  // the second micro-batch: gradients of both
+    Sharded tp(grid().tensor(), ref, "", true);
+    (void)tp.run(mode);
+    const Result got = tp.run(mode);
+    const double worst = compare(ref, tp, got);
+    if (print()) std::printf("[rank %d] sequence parallel, two micro-batches, mode %d: worst %.3g\n",
+                             grid().tensor().rank(), static_cast<int>(mode), worst);
+  }
+}
+
+TEST_CASE("gpt sequence parallel: the stored activations per rank shrink") {
+  // What one forward leaves stored for backward (the ledger's device activations after the
+  // forward, less before it), sequence parallel against plain tensor parallel. Expected, exactly:
+  // stored per shard instead of whole are the embedding's output (block 0's input, which the
+  // runner keeps as the engine does), per block res2 and the output ([B, S, C] each) and ln_1's
+  // and ln_2's mean and rstd ([B S] each), and ln_f's mean and rstd; everything else stored (the
+  // gathered LayerNorm outputs, qkv, probs, the MLP's 4C/T columns, the logit columns, the
+  // cross-entropy's statistics) is the same. So the difference is
+  //   (1 - 1/T) (B S C + n_layer (2 B S C + 4 B S) + 2 B S) fp32 bytes.
+  // The peak over forward and backward is printed too (backward's transients differ: sequence
+  // parallel holds a gathered and a shard gradient where plain holds one whole).
+  if (grid().tensor().size() == 1) SKIP("needs a tensor group of 2 or more");
+  const int T = grid().tensor().size();
+  const Reference ref(Mode::joint);
+  Device& dev = *test::env().device;
+  auto current = [&] { return dev.ledger().snapshot().at(MemSpace::device, MemCategory::activations).current; };
+  struct Figures {
+    size_t stored = 0, peak = 0;
+  };
+  auto measure = [&](bool sp) {
+    Sharded tp(grid().tensor(), ref, "", sp);
+    const Batch batch = tp.batch();
+    tp.ops->stream().synchronize();
+    dev.ledger().reset_peaks();
+    const size_t before = current();
+    (void)tp.runner->forward(batch, std::vector<bool>(tp.model.units.size(), false));
+    tp.ops->stream().synchronize();
+    Figures f;
+    f.stored = current() - before;
+    tp.runner->backward(1.0f);
+    tp.ops->stream().synchronize();
+    f.peak = dev.ledger().snapshot().at(MemSpace::device, MemCategory::activations).peak - before;
+    return f;
+  };
+  const Figures plain = measure(false), seq = measure(true);
+  const int64_t S = kShape.seq_len, C = kShape.n_embd;
+  const int64_t whole = kB * S * C + kShape.n_layer * (2 * kB * S * C + 4 * kB * S) + 2 * kB * S;
+  const int64_t expected = (whole - whole / T) * 4;
+  if (print())
+    std::printf("[rank %d] stored after forward: tensor parallel %zu bytes, sequence parallel %zu (%.1f%% less; "
+                "expected %lld fewer); peak over forward and backward %zu vs %zu\n",
+                grid().tensor().rank(), plain.stored, seq.stored,
+                100.0 * double(plain.stored - seq.stored) / double(plain.stored), static_cast<long long>(expected),
+                plain.peak, seq.peak);
+  CHECK(static_cast<int64_t>(plain.stored) - static_cast<int64_t>(seq.stored) == expected);
+  // The peak is not checked: it depends on when the collectives' buffers are released (each is
+  // held until the compute stream has passed its collective, whose timing varies run to run;
+  // measured 57600 to 67840 bytes sequence parallel against 61952 plain on 2 ranks).
+}
+
+TEST_CASE("gpt sequence parallel: the comparison sees a shard with the wrong heads") {
+  // The control: c_attn holds the next rank's heads while attn.c_proj keeps this rank's rows.
+  // (c_fc's columns move the loss by only 1.8e-4 on 4 ranks: too close to the bound to be a
+  // clear control.)
+  if (grid().tensor().size() == 1) SKIP("needs a tensor group of 2 or more");
+  const Reference ref(Mode::joint);
+  Sharded tp(grid().tensor(), ref, "c_attn", true);
+  const Result got = tp.run(Mode::joint);
+  const double d = std::fabs(got.loss - ref.result.loss) / std::fabs(ref.result.loss);
+  if (print()) std::printf("[rank %d] sequence parallel, wrong heads: loss differs by %.3g\n",
+                           grid().tensor().rank(), d);
+  CHECK(d > 100 * kBound);
+}
+
+TEST_CASE("gpt sequence parallel: the traffic formula keeps the ring volume per layer") {
+  for (int T : {2, 4, 8}) {
+    INFO("degree " << T);
+    models::GptOptions o = options(true);
+    o.shape.n_layer = 3;
+    models::GptOptions plain = o;
+    plain.sequence_parallel = false;
+    const int64_t b = 4, s = 8, C = kShape.n_embd, a = b * s * C * 4;  // fp32 activations
+    const models::TensorParallelTraffic t = models::gpt_tensor_parallel_traffic(o, T, b, s);
+    CHECK(t.gs_calls == 8 * 3 + 4);
+    CHECK(t.gs_bytes == (8 * 3 + 4) * a);
+    CHECK(t.calls == 2 * 3 + 3);
+    CHECK(t.bytes == (2 * 3 + 1) * 2 * C * 4 + 3 * b * s * 4);
+    // One more layer: a reduce-scatter plus an all-gather per former all-reduce (Megatron's
+    // 4 x 2 (T-1)/T x b s h bytes sent), plus the LayerNorms' two [2, C] gradient all-reduces.
+    models::GptOptions more = o;
+    more.shape.n_layer = 4;
+    const double per_layer = models::gpt_tensor_parallel_traffic(more, T, b, s).wire_bytes() - t.wire_bytes();
+    CHECK(per_layer == 4 * 2.0 * (T - 1) / T * double(a) + 2 * 2.0 * (T - 1) / T * double(2 * C * 4));
+    models::GptOptions more_plain = plain;
+    more_plain.shape.n_layer = 4;
+    const double per_layer_plain = models::gpt_tensor_parallel_traffic(more_plain, T, b, s).wire_bytes() -
+                                   models::gpt_tensor_parallel_traffic(plain, T, b, s).wire_bytes();
+    CHECK(per_layer - per_layer_plain == 2 * 2.0 * (T - 1) / T * double(2 * C * 4));
+    // Recomputing a block repeats its 2 all-gathers and 2 reduce-scatters.
+    CHECK(models::gpt_tensor_parallel_traffic(o, T, b, s, 3).gs_bytes == t.gs_bytes + 3 * 4 * a);
+    // bf16 gradients halve the LayerNorm all-reduces.
+    CHECK(models::gpt_tensor_parallel_traffic(o, T, b, s, 0, ScalarType::bf16).bytes ==
+          (2 * 3 + 1) * 2 * C * 2 + 3 * b * s * 4);
+  }
+  CHECK(models::gpt_tensor_parallel_traffic(options(true), 1, kB, 8) == models::TensorParallelTraffic{});
+}
+
+TEST_CASE("gpt sequence parallel: a sequence the degree does not divide is a clear error") {
+  models::GptShape odd = kShape;
+  odd.seq_len = 10;
+  CHECK_THROWS_WITH(models::check_sequence_parallel(odd, 4),
+                    ContainsSubstring("seq_len 10") && ContainsSubstring("degree 4") &&
+                        ContainsSubstring("zero_train.model.seq_len") &&
+                        ContainsSubstring("zero_train.parallel.tensor"));
+  CHECK_NOTHROW(models::check_sequence_parallel(odd, 2));
+  if (grid().tensor().size() == 1) return;
+  // make_gpt_tensor_parallel refuses it too (10 is not divisible by 4; with 2 ranks use 9).
+  models::GptOptions o = options(true);
+  o.shape.seq_len = grid().tensor().size() == 4 ? 10 : 9;
+  auto stream = test::env().device->create_stream("gpt");
+  auto ops = models::make_ops(*test::env().device, *stream);
+  CHECK_THROWS_WITH(models::make_gpt_tensor_parallel(o, *ops, grid().tensor()),
+                    ContainsSubstring("zero_train.model.seq_len"));
+  // A batch shorter than seq_len whose length the degree does not divide: the embedding refuses
+  // it on the host, before any collective (every rank throws alike).
+  Model m = models::make_gpt_tensor_parallel(options(true), *ops, grid().tensor());
+  test::ModelRunner runner(m, *ops, kSeed);
+  const int64_t S = grid().tensor().size() == 4 ? 6 : 7;
+  const std::vector<int32_t> ids(static_cast<size_t>(S), 1);
+  const Batch batch = runner.make_batch(Shape{1, S}, ids, Shape{1, S}, ids);
+  CHECK_THROWS_WITH(runner.forward(batch, std::vector<bool>(m.units.size(), false)),
+                    ContainsSubstring("sequence parallelism splits the sequence of " + std::to_string(S)) &&
+                        ContainsSubstring("zero_train.parallel.tensor"));
 }
