@@ -347,7 +347,10 @@ std::string_view to_string(StagePartition p) noexcept;
 // always resolved: data * pipeline * tensor == Environment::world_size.
 struct Parallel {
   int pipeline = 1;  // pipeline stages (DeepSpeed: pipeline.stages); at most the model's Units
-  int tensor = 1;    // tensor slices: 1 only, until tensor slicing (issue 19)
+  int tensor = 1;    // tensor slices (Megatron's tensor-model-parallel size; docs/tensor-parallel.md)
+  // With tensor > 1: LayerNorm/residual regions split by token across the tensor group
+  // (Korthikanti et al.; models::GptOptions::sequence_parallel).
+  bool sequence_parallel = false;
   int data = 1;      // derived: world / (pipeline x tensor); given, it must equal that
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;  // "schedule"
   StagePartition partition = StagePartition::parameters;      // DeepSpeed's default method

@@ -60,6 +60,7 @@ void visit_parallel(Reader& io, Parallel& p) {
   // Megatron's tensor-model-parallel size; whether the model divides by it (heads, vocabulary)
   // is checked at start-up with the model (zero-train's check_startup, --validate too).
   io.key("tensor", p.tensor, {.min = 1, .max = kMaxStages, .hint = "each slice needs a rank of its own"});
+  io.key("sequence_parallel", p.sequence_parallel);
   // "auto" or absent: derived by resolve_grid; a number is checked against it there.
   io.key("data", p.data, {.min = 1, .auto_value = 1});
   io.choice("schedule", p.schedule, kSchedules, {.suggest = true});
@@ -76,6 +77,7 @@ void visit_parallel(Reader& io, Parallel& p) {
 void visit_parallel(Writer& io, Parallel& p) {
   io.key("pipeline", p.pipeline);
   io.key("tensor", p.tensor);
+  io.key("sequence_parallel", p.sequence_parallel);
   io.key("data", p.data);
   io.choice("schedule", p.schedule, kSchedules);
   io.choice("partition", p.partition, kPartitions);

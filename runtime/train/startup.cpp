@@ -46,6 +46,7 @@ void check_startup(const config::Config& c, const Flags& flags) {
   check_stages(c);
   // Heads (and with them the MLP's columns) and the vocabulary split by the tensor degree.
   models::check_tensor_parallel(c.ours.model, c.ours.parallel.tensor);
+  if (c.ours.parallel.sequence_parallel) models::check_sequence_parallel(c.ours.model, c.ours.parallel.tensor);
   (void)engine_options(c);
   if (flags.data.empty())
     check_model_fits_addition(models::data::AdditionTask(addition_options(c)), c.ours.model);
