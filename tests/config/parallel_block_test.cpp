@@ -118,6 +118,8 @@ TEST_CASE("pipeline or tensor below 1 and a wrong data size are refused", "[para
         "expected an integer in 1..1048576, got 0");
   CHECK(with_parallel("\"tensor\": 1", 2).ok());
   CHECK(with_parallel("\"tensor\": 2", 2).ok());
+  CHECK(with_parallel("\"tensor\": 2, \"sequence_parallel\": true", 2).config.ours.parallel.sequence_parallel);
+  CHECK_FALSE(with_parallel("\"tensor\": 2, \"sequence_parallel\": 1", 2).ok());
   CHECK(message_at(with_parallel("\"tensor\": 2, \"pipeline\": 2", 6), "zero_train.parallel.pipeline") ==
         "6 ranks cannot be arranged as data x 2 pipeline x 2 tensor: pipeline x tensor = 4 does not "
         "divide the world size 6; choose zero_train.parallel.pipeline (and zero_train.parallel.tensor) "
@@ -216,7 +218,7 @@ TEST_CASE("the effective config shows the grid and reads back to itself", "[para
   REQUIRE(first.ok());
   const std::string json = effective_config_json(first.config, -1);
   CHECK_THAT(json, ContainsSubstring(
-                       "\"parallel\":{\"pipeline\":2,\"tensor\":1,\"data\":2,\"schedule\":\"zb-h1\","
+                       "\"parallel\":{\"pipeline\":2,\"tensor\":1,\"sequence_parallel\":false,\"data\":2,\"schedule\":\"zb-h1\","
                        "\"partition\":\"flops\"}"));
   CHECK_THAT(json, ContainsSubstring("\"pipeline\":{\"seed_layers\":true,"));
   const LoadResult second = parse_config(json, "effective.json", world(4));
