@@ -181,6 +181,9 @@ struct Model {
   std::string name;               // "gpt(tiny)", "mlp"
   std::vector<ParamSpec> params;  // the parameter table, in the model's canonical order
   std::vector<std::unique_ptr<Unit>> units;
+  // The Units' inputs are this rank's own shard of the activations, different on every rank of
+  // its tensor group (sequence parallelism): partition_activations has nothing to split then.
+  bool sharded_activations = false;
 
   int64_t parameter_count() const noexcept;
   // For every parameter, the index of the first Unit in backward order (the lowest index) that

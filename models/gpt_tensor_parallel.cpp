@@ -151,6 +151,7 @@ Model make_gpt_tensor_parallel(const GptOptions& o, Ops& ops, coll::Communicator
            std::to_string(s.seq_len) + ")";
   if (degree > 1) m.name += " tensor rank " + std::to_string(rank) + " of " + std::to_string(degree);
   if (degree > 1 && o.sequence_parallel) m.name += ", sequence parallel";
+  m.sharded_activations = degree > 1 && o.sequence_parallel;
   m.params = gpt_tensor_parallel_params(o, rank, degree);
   const int wte = 0, wpe = 1;
   // Each Unit its own group (its own event); degree 1 needs no communicator: make_gpt's Units

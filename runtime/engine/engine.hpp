@@ -91,7 +91,8 @@ struct EngineOptions {
   std::optional<long long> number_checkpoints;  // activation checkpointing (checkpoint_plan)
   // activation_checkpointing.partition_activations: with tensor slices (TensorPlace), each rank
   // of a tensor group keeps only its 1/T of a checkpointed Unit's input, all-gathered again
-  // before the Unit recomputes (the result is bitwise the same). No effect without both.
+  // before the Unit recomputes (the result is bitwise the same). No effect without both, nor on
+  // a model whose activations are sharded already (Model::sharded_activations: sequence parallel).
   bool partition_activations = false;
 
   // Communication (zero_optimization keys; elements). Defaults are DeepSpeed's except the

@@ -191,7 +191,9 @@ void ScheduleRunner::backward(MicroState& m, const UnitPass& p, size_t pos, floa
 // the group runs the same Units in the same order, so the all-gathers pair up with each other and
 // with the Units' own collectives. Inputs whose size the degree does not divide stay whole.
 void ScheduleRunner::partition_input(MicroState& m, int unit) {
-  if (!x_.o.partition_activations || !x_.tensor.active()) return;
+  // With sequence parallelism the input is already this rank's token shard (and differs per
+  // rank): nothing to split, and an all-gather would build a wrong tensor.
+  if (!x_.o.partition_activations || !x_.tensor.active() || x_.model.sharded_activations) return;
   const size_t u = static_cast<size_t>(unit);
   UnitContext& c = m.ctx[u];
   const int64_t T = x_.tensor.comm->size();

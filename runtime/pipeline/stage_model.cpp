@@ -73,6 +73,7 @@ StageModel stage_model(Model& model, const StageCut& cut, int stage) {
     to_view[static_cast<size_t>(p)] = static_cast<int>(i);
     view.model.params.push_back(model.params[static_cast<size_t>(p)]);
   }
+  view.model.sharded_activations = model.sharded_activations;
   view.model.name = model.name + " stage " + std::to_string(stage) + " of " +
                     std::to_string(cut.stages());
   for (int u = cut.begin(stage); u < cut.end(stage); ++u) {

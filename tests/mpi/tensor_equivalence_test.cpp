@@ -61,6 +61,7 @@ struct Setup {
   bool offload = false;
   bool remat = false;  // activation checkpointing
   bool partition = false;  // partition_activations (with remat)
+  bool sp = false;         // sequence parallelism (fp32 on cpu)
   float clip = 0.05f;  // active: the norms here are far above it
 };
 
@@ -135,7 +136,9 @@ Run sliced(const Setup& s, std::vector<ParamSpec>& specs, std::vector<int>& to_o
   const coll::GridCoord me = grid.coord();
   auto stream = dev.create_stream("compute");
   auto ops = models::make_ops(dev, *stream);
-  Model model = models::make_gpt_tensor_parallel({kGpt, s.type, ScalarType::f32}, *ops, grid.tensor());
+  models::GptOptions go{kGpt, s.type, ScalarType::f32};
+  go.sequence_parallel = s.sp;
+  Model model = models::make_gpt_tensor_parallel(go, *ops, grid.tensor());
   const TensorPlace tp{&grid.tensor()};
   Run run;
   std::optional<engine::PipelineStage> st;
@@ -212,7 +215,8 @@ void check(const Setup& s) {
   if (std::getenv("ZERO_TEST_PRINT"))
     std::printf("rank %d t%d p%d d%d %s zero%d %s%s%s%s: diff %.3g loss %.6f vs %.6f\n", world.rank(), s.tensor,
                 s.pipeline, D, s.schedule, s.zero, std::string(to_string(s.type)).c_str(),
-                s.offload ? " offload" : "", s.remat ? " remat" : "", s.partition ? " partitioned" : "", diff, got.losses.back(), ref.losses.back());
+                s.offload ? " offload" : "", s.remat ? " remat" : "",
+                s.partition ? " partitioned" : (s.sp ? " sequence-parallel" : ""), diff, got.losses.back(), ref.losses.back());
   CHECK(diff <= tol);
   for (int t = 0; t < kSteps; ++t)
     CHECK(std::abs(got.losses[t] - ref.losses[t]) <= loss_tol * std::abs(ref.losses[t]));
@@ -259,6 +263,26 @@ TEST_CASE("tensor slicing: partition_activations is bitwise plain checkpointing"
     CHECK(a.losses == b.losses);
     CHECK(a.params == b.params);
   }
+}
+
+// Sequence parallelism through the Engine (fp32: on cpu its LayerNorm gradient sums take fp32):
+// every ZeRO stage, with data and pipeline ranks where the world allows, checkpointed too. With
+// partition_activations the Engine leaves its inputs alone (they are token shards already:
+// Model::sharded_activations), so that run is bitwise the plain checkpointed one.
+TEST_CASE("sequence parallelism: ZeRO stages, data and pipeline ranks against one rank", "[tensor]") {
+  for (int t : {2, 4}) {
+    if (world_size() % t != 0) continue;
+    for (int zero = 0; zero <= 3; ++zero) check({.tensor = t, .zero = zero, .sp = true});
+  }
+  if (world_size() % 4 == 0) check({.tensor = 2, .pipeline = 2, .schedule = "zb-h1", .zero = 2, .sp = true});
+  const Setup plain{.tensor = 2, .zero = 1, .remat = true, .sp = true};
+  Setup split = plain;
+  split.partition = true;
+  check(plain);
+  std::vector<ParamSpec> specs_a, specs_b;
+  std::vector<int> orig_a, orig_b;
+  const Run a = sliced(plain, specs_a, orig_a), b = sliced(split, specs_b, orig_b);
+  CHECK(a.params == b.params);
 }
 
 TEST_CASE("tensor x pipeline: 2 tensor slices of every stage", "[tensor]") {
