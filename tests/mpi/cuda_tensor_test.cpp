@@ -18,17 +18,24 @@
 // real GPU cuBLAS picks its algorithm by shape (split-K or not, another tile order), so the
 // sliced GEMMs, of other shapes than the whole model's, may sum in another order too: ~1e-6
 // relative per op in fp32, as cuda_engine_test measures between cuBLAS and the cpu. AdamW's
-// normalised update carries that into the parameters at about lr times it per step. fp32:
-// relative L2 parameter difference at most 1e-5 and losses 1e-5 relative, cuda_pipeline_test's
-// bounds (the cpu tensor matrix's 2e-6 with a margin of 5 for cuBLAS's choices); measured under
-// the CUDA emulator (no cuBLAS reordering): see docs/gpu-runs.md. bf16: every ulp of difference
-// in a master weight can flip a bf16 working copy (2^-9 relative) and, with bf16 activations,
-// every later activation: 1e-2 on parameters, 5e-3 on losses (cuda_pipeline_test's, whose
-// bf16 differences have the same origin). The argmax must be equal in fp32 (the logits differ in
-// the last bits, a flip needs a near tie) and is only counted in bf16, whose logits differ by
-// 2^-8 relative. ZERO_TEST_PRINT=1 prints every measured difference. A wrong slice (another
-// rank's columns), a missing all-reduce or a norm counted twice differs by 1e-3 or more.
+// normalised update carries that into the parameters at about lr times it per step.
+// fp32: relative L2 parameter difference at most 1e-5 and losses 1e-5 relative, as
+// cuda_pipeline_test (the cpu tensor matrix's 2e-6 with a margin of 5 for cuBLAS's choices);
+// measured under the CUDA emulator (which keeps no cuBLAS order): 4.1e-7 and 5.7e-8, the
+// argmax of the held-out batch equal. bf16 (parameters and activations): every ulp of
+// difference in a master weight can flip a bf16 working copy (2^-9 relative) and every later
+// activation, and with tensor slicing each row-split product is rounded to bf16 in two partial
+// sums before the all-reduce (Megatron sums in the activation type too), so two bf16 runs are
+// two noisy trajectories around the fp32 one. The bound is measured in the run: `noise`, how far
+// the whole model's bf16 training lands from its fp32 training (emulator: 6.0e-3); the sliced
+// bf16 run must be within 2 noise of the fp32 training (measured 8.9e-3 to 9.4e-3) and so
+// within 3 noise of the whole bf16 run (measured 8.9e-3); losses and the evaluation loss 5e-3
+// relative (measured 8.1e-4 and 9.9e-4); the argmax only counted (15 of 16 alike measured: its
+// logits differ by 2^-8 relative, a near tie flips). The parameters every tensor rank holds
+// whole must stay bitwise alike on both ranks. ZERO_TEST_PRINT=1 prints every measured
+// difference (per parameter at ZeRO 0).
 #include <catch2/catch_test_macros.hpp>
+#include <mpi.h>
 
 #include <algorithm>
 #include <cmath>
@@ -181,11 +188,50 @@ double rel_l2(const Run& got, const Run& ref) {
   return std::sqrt(num / den);
 }
 
-void check(int zero, ScalarType type, const Run& ref) {
+// The parameters every tensor rank holds whole (LayerNorms, wpe, the row-split matrices' biases)
+// get their gradients from replicated tensors, so they must stay bitwise alike across the group
+// (NCCL's all-reduce hands every rank the same sum): a rank that drifts trains another model.
+// Counts the elements that differ between the two ranks (MPI over the world: the group here).
+int64_t replicated_mismatches(const Run& got) {
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.params.size(); ++i) {
+    if (got.specs[i].slice.split != TensorSplit::replicated) continue;
+    const std::vector<float>& a = got.params[i];
+    std::vector<float> lo(a.size()), hi(a.size());
+    MPI_Allreduce(a.data(), lo.data(), static_cast<int>(a.size()), MPI_FLOAT, MPI_MIN, World::get().comm());
+    MPI_Allreduce(a.data(), hi.data(), static_cast<int>(a.size()), MPI_FLOAT, MPI_MAX, World::get().comm());
+    for (size_t k = 0; k < a.size(); ++k) bad += lo[k] != hi[k];
+  }
+  return bad;
+}
+
+// ZERO_TEST_PRINT: each parameter's relative L2 difference against its slice of the reference.
+void print_per_param(const Run& got, const Run& ref) {
+  for (size_t i = 0; i < got.params.size(); ++i) {
+    double num = 0, den = 0;
+    for (int64_t k = 0; k < got.specs[i].numel(); ++k) {
+      const double b = ref.params[i][static_cast<size_t>(param_slice_element(got.specs[i], k))];
+      const double d = double(got.params[i][static_cast<size_t>(k)]) - b;
+      num += d * d;
+      den += b * b;
+    }
+    std::printf("  rank %d %-24s %.3g\n", World::get().rank(), got.specs[i].name.c_str(), std::sqrt(num / den));
+  }
+}
+
+// `f32_ref`: with bf16, the whole model's fp32 training (the bf16 bound's yardstick).
+void check(int zero, ScalarType type, const Run& ref, const Run* f32_ref = nullptr) {
   const Run got = sliced(zero, type);
+  const int64_t drift = replicated_mismatches(got);
   const bool f32 = type == ScalarType::f32;
-  const double tol = f32 ? 1e-5 : 1e-2, loss_tol = f32 ? 1e-5 : 5e-3;
+  // bf16: the noise floor is measured, not guessed: how far the whole model's bf16 training
+  // lands from its fp32 training (`noise`). The sliced bf16 run must be no worse a bf16
+  // approximation of the fp32 training than twice that, and so within 3 noise of the whole bf16
+  // run (triangle inequality). See the header for the fp32 bounds.
+  const double noise = f32 ? 0 : rel_l2(ref, *f32_ref);
+  const double tol = f32 ? 1e-5 : 3 * noise, loss_tol = f32 ? 1e-5 : 5e-3;
   const double diff = rel_l2(got, ref);
+  const double to_f32 = f32 ? 0 : rel_l2(got, *f32_ref);
   double worst_loss = 0;
   for (int t = 0; t < kSteps; ++t)
     worst_loss = std::max(worst_loss, std::abs(got.losses[t] - ref.losses[t]) / std::abs(ref.losses[t]));
@@ -196,11 +242,21 @@ void check(int zero, ScalarType type, const Run& ref) {
   const int rank = cuda_env().comm->rank();
   INFO("ZeRO " << zero << ", " << to_string(type) << ", tensor rank " << rank << ": relative L2 parameter difference "
                << diff << ", worst relative loss difference " << worst_loss << ", evaluation loss " << eval_diff
-               << ", argmax " << same << " of " << got.argmax.size() << " alike");
+               << ", argmax " << same << " of " << got.argmax.size() << " alike, " << drift
+               << " replicated elements differing between the ranks");
   if (std::getenv("ZERO_TEST_PRINT"))
     std::printf("rank %d zero%d %s: diff %.3g loss %.3g eval %.3g argmax %zu/%zu (final %.6f vs %.6f)\n", rank, zero,
                 f32 ? "f32" : "bf16", diff, worst_loss, eval_diff, same, got.argmax.size(), got.losses.back(),
                 ref.losses.back());
+  if (std::getenv("ZERO_TEST_PRINT") && zero == 0) print_per_param(got, ref);
+  if (!f32 && std::getenv("ZERO_TEST_PRINT"))
+    std::printf("rank %d zero%d: sliced bf16 vs fp32 %.3g, whole bf16 vs fp32 %.3g\n", rank, zero, to_f32, noise);
+  if (!f32) {
+    INFO("bf16 against the fp32 training: sliced " << to_f32 << ", whole " << noise);
+    CHECK(noise > 0);  // the two bf16 runs really ran in bf16
+    CHECK(to_f32 <= 2 * noise);
+  }
+  CHECK(drift == 0);
   CHECK(diff <= tol);
   CHECK(worst_loss <= loss_tol);
   CHECK(eval_diff <= loss_tol);
@@ -224,5 +280,6 @@ TEST_CASE("cuda tensor slicing: fp32 GPT over 2 tensor ranks on NCCL, ZeRO 0 and
 TEST_CASE("cuda tensor slicing: bf16 GPT over 2 tensor ranks on NCCL, ZeRO 0 and 2", "[tensor]") {
   REQUIRE_TWO_GPU_RANKS();
   const Run ref = reference(ScalarType::bf16);
-  for (int zero : {0, 2}) check(zero, ScalarType::bf16, ref);
+  const Run f32_ref = reference(ScalarType::f32);
+  for (int zero : {0, 2}) check(zero, ScalarType::bf16, ref, &f32_ref);
 }
