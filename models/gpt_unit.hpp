@@ -69,27 +69,25 @@ class GptUnit : public Unit {
   void reduce_scatter(const Tensor& full, const Tensor& shard) { group_.reduce_scatter(ops_, full, shard); }
 
   // A replicated LayerNorm's weight and bias gradients when each rank saw only its sequence
-  // shard: `backward(dw, db)` adds the shard's part into zeroed temporaries (one [2, C] buffer of
-  // the gradients' type), one all-reduce sums them over the group, and they are added into gw
-  // and gb. Every rank then holds the whole gradient, alike, as without sequence parallelism: the
-  // engine needs no change. (Added, not summed in place: gw may already hold earlier
-  // micro-batches' gradient, which is alike on every rank and must not be counted T times.)
+  // shard: `backward(dw, db)` adds the shard's part into zeroed temporaries (one [2, C] buffer),
+  // one all-reduce sums them over the group, and they are added into gw and gb. Every rank then
+  // holds the whole gradient, alike, as without sequence parallelism: the engine needs no
+  // change. (Added, not summed in place: gw may already hold earlier micro-batches' gradient,
+  // which is alike on every rank and must not be counted T times.) The temporaries have the
+  // gradients' type when that is fp32 or the activation type; 16-bit gradients under fp32
+  // activations (the cpu backend's bf16/fp16) are summed in fp32 and rounded once when added.
   template <class F>
   void replicated_grads(const Tensor& gw, const Tensor& gb, F&& backward) {
     const ScalarType gt = gw.type();
     const int64_t C = gw.numel();
     ZERO_REQUIRE(gb.type() == gt && gb.numel() == C, "gpt unit " + name_ + ": LayerNorm gradients " +
                                                          gw.describe() + " and " + gb.describe() + " differ");
-    ZERO_REQUIRE(gt == ScalarType::f32 || gt == opt_.activation_type,
-                 "gpt unit " + name_ + " (sequence parallel): the LayerNorm gradients are " +
-                     std::string(to_string(gt)) + "; they are summed over the tensor group and added with "
-                     "Ops::accumulate, which takes fp32 or the activation type (" +
-                     std::string(to_string(opt_.activation_type)) + "): keep gradients in one of those");
-    Tensor tmp = Tensor::empty(ops_.device(), Shape{2, C}, gt, MemCategory::gradients);
+    const ScalarType st = gt == ScalarType::f32 || gt == opt_.activation_type ? gt : opt_.activation_type;
+    Tensor tmp = Tensor::empty(ops_.device(), Shape{2, C}, st, MemCategory::gradients);
     ops_.zero(tmp);
     auto* base = static_cast<unsigned char*>(tmp.data());
-    const Tensor tw = Tensor::view(base, Shape{C}, gt);
-    const Tensor tb = Tensor::view(base + static_cast<size_t>(C) * size_of(gt), Shape{C}, gt);
+    const Tensor tw = Tensor::view(base, Shape{C}, st);
+    const Tensor tb = Tensor::view(base + static_cast<size_t>(C) * size_of(st), Shape{C}, st);
     backward(tw, tb);
     all_reduce(tmp);
     ops_.accumulate(gw, tw);

@@ -101,7 +101,9 @@ class Ops {
 
   // out = a + b, elementwise, all of type A and the same element count.
   void add(const Tensor& out, const Tensor& a, const Tensor& b);
-  // acc += x, elementwise.
+  // acc += x, elementwise; x has type A. acc has type A, or is a gradient in a type the backend
+  // stores gradients in for A: on cpu fp32 activations may add into a bf16 or fp16 acc (added
+  // in fp32, rounded once); on cuda acc's type is A.
   void accumulate(const Tensor& acc, const Tensor& x);
 
   // Cross-entropy of logits [N,V] (any leading shape; N its rows) against targets int32 [N]

@@ -216,7 +216,7 @@ class CpuOps final : public Ops {
   void do_accumulate(const Tensor& acc, const Tensor& x) override {
     enqueue([acc, x] {
       with_compute_type(x.type(), [&]<class F>(std::type_identity<F>) {
-        cpu::accumulate<F>(ptr<F>(acc), ptr<F>(x), x.numel());
+        cpu::accumulate<F>(grad<F>(acc), ptr<F>(x), x.numel());
       });
     });
   }

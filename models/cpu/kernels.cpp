@@ -462,10 +462,8 @@ void add(F* out, const F* a, const F* b, int64_t n) {
 }
 
 template <ComputeType F>
-void accumulate(F* acc, const F* x, int64_t n) {
-  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) acc[i] += x[i];
-  });
+void accumulate(Grad<F> acc, const F* x, int64_t n) {
+  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) { acc.add(i0, x + i0, i1 - i0); });
 }
 
 // ---- cross-entropy -----------------------------------------------------------------------------
@@ -551,7 +549,7 @@ void cross_entropy_backward(F* dlogits, const F* logits, const int32_t* targets,
   template void attention_backward<F>(F*, const F*, const F*, const F*, int64_t, int64_t,        \
                                       int64_t, int64_t);                                         \
   template void add<F>(F*, const F*, const F*, int64_t);                                         \
-  template void accumulate<F>(F*, const F*, int64_t);                                            \
+  template void accumulate<F>(Grad<F>, const F*, int64_t);                                            \
   template F cross_entropy_forward<F>(F*, const F*, const int32_t*, int64_t, int64_t);           \
   template void cross_entropy_backward<F>(F*, const F*, const int32_t*, int64_t, int64_t, F);
 

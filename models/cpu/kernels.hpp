@@ -143,8 +143,9 @@ void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* probs, in
 // Elementwise kernels (gelu, add, accumulate) allow an output to be one of the inputs.
 template <ComputeType F>
 void add(F* out, const F* a, const F* b, int64_t n);
+// acc may be stored in a 16-bit type (Grad): each element is added in F and rounded once.
 template <ComputeType F>
-void accumulate(F* acc, const F* x, int64_t n);
+void accumulate(Grad<F> acc, const F* x, int64_t n);
 
 // Per row of logits [N,V]: losses = logsumexp(row) - row[target] (0 when target is -1). Returns
 // the mean over rows with a target (0 when there are none), summed in row order in double.

@@ -102,18 +102,14 @@ void report_memory_per_rank(Run& run) {
 }
 
 // Sequence parallelism splits each sequence's tokens over the tensor group: the data's sequence
-// length must divide, and on cpu the replicated LayerNorm gradients are summed in fp32 only.
-void check_sequence_run(const Run& run, DeviceKind kind, const EngineOptions& o) {
+// length must divide.
+void check_sequence_run(const Run& run) {
   const int T = run.c.ours.parallel.tensor, S = run.data.seq_len;
   if (S % T != 0)
     ZERO_FAIL("the data's sequences have " + std::to_string(S) +
               " tokens, which the tensor degree " + std::to_string(T) + " (zero_train.parallel.tensor) does not "
               "divide: each rank takes an equal share of every sequence\nHINT: turn sequence_parallel off, or "
               "use data whose sequence length is a multiple of " + std::to_string(T));
-  if (kind == DeviceKind::cpu && o.param_type != ScalarType::f32)
-    ZERO_FAIL("on the cpu backend it needs fp32 parameters (its LayerNorm "
-              "gradient sums take fp32 only), not " + std::string(to_string(o.param_type)) +
-              "\nHINT: turn bf16/fp16 off, or sequence_parallel off");
 }
 
 }  // namespace
@@ -194,7 +190,7 @@ int set_up_run(Run& run) {
     models::GptOptions go{run.shape, o.param_type, act};
     go.sequence_parallel = par.sequence_parallel;
     if (go.sequence_parallel && !on_all_ranks(world, "zero_train.parallel.sequence_parallel", [&] {
-          check_sequence_run(run, kind, o);
+          check_sequence_run(run);
         }))
       return kExitFailure;
     // Sequence parallelism keeps every checkpointed input as this rank's token shard already:

@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "models/cpu/kernels.hpp"
+#include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "core/tensor.hpp"
 
 namespace kern = zero::models::cpu;
 using Catch::Matchers::ContainsSubstring;
@@ -407,6 +409,29 @@ TEST_CASE("add and accumulate") {
   for (size_t i = 0; i < 1000; ++i) {
     CHECK(out[i] == a[i] + b[i]);
     CHECK(acc[i] == a[i] + b[i]);
+  }
+}
+
+// A 16-bit accumulator (sequence parallelism's LayerNorm gradients under bf16 parameters): each
+// element added in fp32 and rounded once, so exactly what rounding the fp32 sum gives.
+TEST_CASE("accumulate into a bf16 or fp16 gradient rounds each sum once") {
+  const Vec a = random_vec(1000, 302), b = random_vec(1000, 303);
+  std::vector<float> x(b.begin(), b.end());
+  std::vector<zero::bfloat16> acc_bf(1000);
+  std::vector<zero::half> acc_h(1000);
+  for (size_t i = 0; i < 1000; ++i) {
+    acc_bf[i] = zero::to_bfloat16(static_cast<float>(a[i]));
+    acc_h[i] = zero::to_half(static_cast<float>(a[i]));
+  }
+  const auto start_bf = acc_bf;
+  const auto start_h = acc_h;
+  kern::accumulate<float>(kern::Grad<float>(acc_bf.data(), zero::ScalarType::bf16), x.data(), 1000);
+  kern::accumulate<float>(kern::Grad<float>(acc_h.data(), zero::ScalarType::f16), x.data(), 1000);
+  for (size_t i = 0; i < 1000; ++i) {
+    const float bf = zero::to_float(zero::to_bfloat16(zero::to_float(start_bf[i]) + x[i]));
+    const float h = zero::to_float(zero::to_half(zero::to_float(start_h[i]) + x[i]));
+    CHECK(zero::to_float(acc_bf[i]) == bf);
+    CHECK(zero::to_float(acc_h[i]) == h);
   }
 }
 
