@@ -5,9 +5,14 @@
 namespace zero::models {
 
 // What backward reads of forward; at degree T the shards' widths are C/T (attention) and 4C/T
-// (MLP), the rest is whole.
+// (MLP), the rest is whole. Sequence parallel: ln1 and ln2 are this rank's token shards of the
+// LayerNorm outputs, and ln1_full / ln2_full their all-gathered whole, which the column-split
+// matmuls read. A forward kept for backward drops the whole ones and backward gathers them again
+// (Megatron-SP's re-gather: every stored activation of the block is then 1/T of the whole
+// model's); a recomputed forward (checkpointed) has them already. Without sequence parallelism
+// ln*_full is ln*.
 struct GptBlock::State final : UnitState {
-  Tensor ln1, mean1, rstd1, qkv, probs, atty, res2, ln2, mean2, rstd2, fch, fcg;
+  Tensor ln1, ln1_full, mean1, rstd1, qkv, probs, atty, res2, ln2, ln2_full, mean2, rstd2, fch, fcg;
 };
 
 GptBlock::GptBlock(std::string name, std::vector<int> ids, Ops& ops, const GptOptions& o, TensorGroup group)
@@ -25,8 +30,11 @@ void GptBlock::forward(UnitContext& ctx) {
   ctx.output = run_forward(ctx, *state);
   // Checkpointed: drop the intermediates now (their memory returns once the enqueued ops that
   // use them have run); backward recomputes them (and all-reduces again) from ctx.input, which
-  // the engine keeps.
-  if (!ctx.checkpoint) ctx.state = std::move(state);
+  // the engine keeps. Kept: without the gathered LayerNorm outputs (see State).
+  if (ctx.checkpoint) return;
+  state->ln1_full = Tensor();
+  state->ln2_full = Tensor();
+  ctx.state = std::move(state);
 }
 
 Tensor GptBlock::run_forward(const UnitContext& ctx, State& s) {
@@ -46,21 +54,20 @@ Tensor GptBlock::run_forward(const UnitContext& ctx, State& s) {
   // The row-split matrices' replicated biases enter the sum once, on tensor rank 0.
   const bool adds_bias = group_.rank() == 0;
 
-  // f: identity, or (sequence parallel) the all-gather of the LayerNorm's shard output; backward
-  // keeps the gathered tensor (the column-split matmul's weight gradient reads it).
-  auto layernorm_f = [&](Tensor& kept, Tensor& mean, Tensor& rstd, const Tensor& in, const Tensor& lw,
-                         const Tensor& lb) {
+  // f: identity, or (sequence parallel) the all-gather of the LayerNorm's shard output into
+  // `full`, which the column-split matmul reads.
+  auto layernorm_f = [&](Tensor& kept, Tensor& full, Tensor& mean, Tensor& rstd, const Tensor& in,
+                         const Tensor& lw, const Tensor& lb) {
     mean = stats(Shape{B * Ts});
     rstd = stats(Shape{B * Ts});
+    kept = act(Shape{B, Ts, C});
+    ops_.layernorm_forward(kept, mean, rstd, in, lw, lb);
     if (!sp) {
-      kept = act(Shape{B, T, C});
-      ops_.layernorm_forward(kept, mean, rstd, in, lw, lb);
+      full = kept;
       return;
     }
-    const Tensor shard = act(Shape{B, Ts, C});
-    ops_.layernorm_forward(shard, mean, rstd, in, lw, lb);
-    kept = act(Shape{B, T, C});
-    all_gather(shard, kept);
+    full = act(Shape{B, T, C});
+    all_gather(kept, full);
   };
   // g: the all-reduce of the partial output, or (sequence parallel) its reduce-scatter to shards.
   auto g = [&](Tensor partial) {
@@ -74,9 +81,9 @@ Tensor GptBlock::run_forward(const UnitContext& ctx, State& s) {
   };
 
   // Attention: ln_1 (whole, or on the shard), f, c_attn on this rank's heads, c_proj partial, g.
-  layernorm_f(s.ln1, s.mean1, s.rstd1, x, w[0], w[1]);
+  layernorm_f(s.ln1, s.ln1_full, s.mean1, s.rstd1, x, w[0], w[1]);
   s.qkv = act(Shape{B, T, 3 * Ca});
-  ops_.linear_forward(s.qkv, s.ln1, w[2], w[3]);
+  ops_.linear_forward(s.qkv, s.ln1_full, w[2], w[3]);
   s.probs = act(Shape{B, heads, T, T});
   s.atty = act(Shape{B, T, Ca});
   ops_.attention_forward(s.atty, s.probs, s.qkv, heads);
@@ -88,9 +95,9 @@ Tensor GptBlock::run_forward(const UnitContext& ctx, State& s) {
   attproj = Tensor();
 
   // MLP: ln_2, f, c_fc on this rank's 4C/T columns, GELU, c_proj partial, g.
-  layernorm_f(s.ln2, s.mean2, s.rstd2, s.res2, w[6], w[7]);
+  layernorm_f(s.ln2, s.ln2_full, s.mean2, s.rstd2, s.res2, w[6], w[7]);
   s.fch = act(Shape{B, T, F});
-  ops_.linear_forward(s.fch, s.ln2, w[8], w[9]);
+  ops_.linear_forward(s.fch, s.ln2_full, w[8], w[9]);
   s.fcg = act(Shape{B, T, F});
   ops_.gelu_forward(s.fcg, s.fch);
   Tensor fcproj = act(Shape{B, T, C});
@@ -145,16 +152,28 @@ void GptBlock::backward_with(UnitContext& ctx, WeightGrads& wg) {
     });
   };
 
+  // The whole LayerNorm output a column-split matmul's weight gradient reads: kept, or (sequence
+  // parallel, not recomputed) gathered again from the kept shard. Issued a branch ahead of its
+  // use, so the gather runs while the branch's first products do.
+  auto whole = [&](const Tensor& kept, const Tensor& full) {
+    if (!sp) return kept;
+    if (full) return full;
+    Tensor t = act(Shape{B, T, C});
+    all_gather(kept, t);
+    return t;
+  };
+
   // out = res2 + mlp(res2): the MLP branch first. c_proj's (replicated) bias gradient is the
   // column sum of the whole dout, alike on every rank.
   const Tensor dout_full = g_back(dout);
+  const Tensor ln2_full = whole(s->ln2, s->ln2_full);
   Tensor dfcg = act(Shape{B, T, F});
   wg.linear(dfcg, 10, 11, dout_full, s->fcg, w[10]);
   Tensor dfch = act(Shape{B, T, F});
   ops_.gelu_backward(dfch, dfcg, s->fch);
   dfcg = Tensor();
   Tensor dln2 = act(Shape{B, T, C});
-  wg.linear(dln2, 8, 9, dfch, s->ln2, w[8]);
+  wg.linear(dln2, 8, 9, dfch, ln2_full, w[8]);
   dfch = Tensor();
   // f's backward: this rank's columns gave part of ln_2's output gradient.
   Tensor dres2 = act(Shape{B, Ts, C});
@@ -163,13 +182,14 @@ void GptBlock::backward_with(UnitContext& ctx, WeightGrads& wg) {
 
   // res2 = x + attn(x): the attention branch, the same way.
   const Tensor dres2_full = g_back(dres2);
+  const Tensor ln1_full = whole(s->ln1, s->ln1_full);
   Tensor datty = act(Shape{B, T, Ca});
   wg.linear(datty, 4, 5, dres2_full, s->atty, w[4]);
   Tensor dqkv = act(Shape{B, T, 3 * Ca});
   ops_.attention_backward(dqkv, datty, s->qkv, s->probs, heads);
   datty = Tensor();
   Tensor dln1 = act(Shape{B, T, C});
-  wg.linear(dln1, 2, 3, dqkv, s->ln1, w[2]);
+  wg.linear(dln1, 2, 3, dqkv, ln1_full, w[2]);
   dqkv = Tensor();
   Tensor dx = act(Shape{B, Ts, C});
   f_back_layernorm(dx, std::move(dln1), x, 0, s->mean1, s->rstd1);

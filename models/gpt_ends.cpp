@@ -68,10 +68,17 @@ void GptEmbedding::backward_with(UnitContext& ctx, WeightGrads& wg) {
 
 namespace {
 struct HeadState final : UnitState {
-  Tensor lnf, mean, rstd, logits;
+  Tensor lnf, mean, rstd, logits;  // sequence parallel: lnf is this rank's token shard
   Tensor rowmax, sums;  // vocabulary-parallel: the whole rows' max and [sum exp; target logit]
 };
 }  // namespace
+
+Tensor GptHead::whole_lnf(const Tensor& lnf, int64_t B, int64_t T) {
+  if (!seq_par()) return lnf;
+  Tensor full = act(Shape{B, T, opt_.shape.n_embd});
+  all_gather(lnf, full);
+  return full;
+}
 
 void GptHead::forward(UnitContext& ctx) {
   require_params(ctx, false);
@@ -90,19 +97,18 @@ void GptHead::forward(UnitContext& ctx) {
   } else {
     // ln_f on this rank's shard [B, T/P, C], then the all-gather of its output for the
     // vocabulary-parallel logits (every rank scores every position against its vocabulary rows).
+    // Only the shard is kept: backward gathers it again (as the blocks do, gpt_block.cpp).
     const int64_t rows = B * T / group_.size();
     ZERO_REQUIRE(x.numel() == rows * C, "gpt unit " + name_ + ": the sequence-parallel input must be [" +
                                             std::to_string(B) + ", " + std::to_string(T / group_.size()) +
                                             ", " + std::to_string(C) + "], got " + x.describe());
-    const Tensor shard = act(x.shape());
+    s->lnf = act(x.shape());
     s->mean = stats(Shape{rows});
     s->rstd = stats(Shape{rows});
-    ops_.layernorm_forward(shard, s->mean, s->rstd, x, ctx.params[0], ctx.params[1]);
-    s->lnf = act(Shape{B, T, C});
-    all_gather(shard, s->lnf);
+    ops_.layernorm_forward(s->lnf, s->mean, s->rstd, x, ctx.params[0], ctx.params[1]);
   }
   s->logits = act(Shape{B, T, V / group_.size()});  // this rank's vocabulary columns
-  ops_.linear_t_forward(s->logits, s->lnf, ctx.params[2]);
+  ops_.linear_t_forward(s->logits, whole_lnf(s->lnf, B, T), ctx.params[2]);
   Tensor losses = stats(Shape{B * T});
   ctx.loss = stats(Shape{1});
   if (group_.size() == 1) {
@@ -127,14 +133,16 @@ void GptHead::backward_with(UnitContext& ctx, WeightGrads& wg) {
   auto* s = dynamic_cast<HeadState*>(ctx.state.get());
   ZERO_REQUIRE(s != nullptr, "gpt unit " + name_ + ": backward without its forward");
   const Tensor& x = ctx.input;
+  const auto [B, T] = batch_dims(ctx);
+  const Tensor lnf = whole_lnf(s->lnf, B, T);  // issued first: it runs while dlogits is computed
   Tensor dlogits = act(s->logits.shape());
   if (group_.size() == 1)
     ops_.cross_entropy_backward(dlogits, s->logits, ctx.batch->targets, ctx.grad_scale);
   else
     ops_.cross_entropy_shard_backward(dlogits, s->logits, s->rowmax, s->sums, ctx.batch->targets,
                                       vocab_begin(), opt_.shape.vocab_size, ctx.grad_scale);
-  Tensor dlnf = act(s->lnf.shape());
-  wg.linear_t(dlnf, 2, dlogits, s->lnf, ctx.params[2]);
+  Tensor dlnf = act(lnf.shape());
+  wg.linear_t(dlnf, 2, dlogits, lnf, ctx.params[2]);
   dlogits = Tensor();
   // f's backward: this rank's vocabulary columns gave part of ln_f's output gradient. (Its wte
   // gradient, in W, needs no sum: the rank's rows from its own columns.) Sequence parallel: the

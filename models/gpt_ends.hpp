@@ -68,6 +68,11 @@ class GptHead final : public GptEnd {
 
  protected:
   void backward_with(UnitContext& ctx, WeightGrads& wg) override;
+
+ private:
+  // ln_f's output [B, T, C] as the logits' product reads it: `lnf` itself, or (sequence
+  // parallel) the all-gather of the kept shard `lnf`.
+  Tensor whole_lnf(const Tensor& lnf, int64_t B, int64_t T);
 };
 
 }  // namespace zero::models

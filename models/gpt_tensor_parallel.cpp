@@ -198,7 +198,10 @@ TensorParallelTraffic gpt_tensor_parallel_traffic(const GptOptions& o, int degre
   // all-gather of the same buffer, and each backward all-reduce's conjugate joins it; the
   // replicated LayerNorms' [2, C] gradients are all-reduced (gradients' type).
   const int64_t ln = 2 * o.shape.n_embd * static_cast<int64_t>(size_of(grad_type.value_or(o.param_type)));
-  t.gs_calls = 8 * L + 4 * ck + 4;  // blocks 4 + 4 (+4 recomputed); embedding 2; head 2
+  // Blocks 4 forward + 4 backward + 2 re-gathers of the LayerNorm outputs (a recomputed block
+  // has them from its recompute, which repeats the forward's 4); embedding 2; head 3 (its
+  // re-gather of ln_f's output too).
+  t.gs_calls = 10 * L + 2 * ck + 5;
   t.gs_bytes = t.gs_calls * act;
   t.calls = 2 * L + 3;  // ln_1 and ln_2 per block; the head's max, sums and ln_f
   t.bytes = (2 * L + 1) * ln + 3 * stat;

@@ -149,14 +149,18 @@ struct TensorParallelTraffic {
 // x b s h bytes per layer is wire_bytes() of the blocks' part. Degree 1: nothing. Per training
 // step multiply by the micro-batches (gradient accumulation steps). Pure: no communicator.
 // With options.sequence_parallel (G = the gradients' bytes, `grad_type`, default the parameters'):
-//   each block   4 all-gathers/reduce-scatters of a C A forward, 4 backward, +4 when
-//                checkpointed; 2 all-reduces of 2 C G (ln_1's and ln_2's gradients)
+//   each block   4 all-gathers/reduce-scatters of a C A forward, 4 backward and 2 all-gathers
+//                re-gathering ln_1's and ln_2's kept output shards in backward (Megatron-SP);
+//                checkpointed, 4 in the recompute instead of the 2; 2 all-reduces of 2 C G
+//                (ln_1's and ln_2's gradients)
 //   embedding    1 reduce-scatter forward, 1 all-gather backward, of a C A
-//   head         1 all-gather (ln_f's output) forward, 1 reduce-scatter backward, of a C A; the
-//                same max and sums all-reduces; 1 all-reduce of 2 C G (ln_f's gradients)
-// so gs_calls = 8 L + 4 + 4 per checkpointed block of a C A each, and 2 L + 3 all-reduces of
-// (2 L + 1) 2 C G + 12 a bytes: per block the same ring volume as without (a reduce-scatter and
-// an all-gather move what one all-reduce moves) plus the LayerNorms' 4 C G.
+//   head         1 all-gather (ln_f's output) forward, 1 re-gather and 1 reduce-scatter
+//                backward, of a C A; the same max and sums all-reduces; 1 all-reduce of 2 C G
+//                (ln_f's gradients)
+// so gs_calls = 10 L + 5 + 2 per checkpointed block of a C A each, and 2 L + 3 all-reduces of
+// (2 L + 1) 2 C G + 12 a bytes: per block 5/4 of the ring volume without (a reduce-scatter and
+// an all-gather move what one all-reduce moves; the re-gathers are the quarter more that buys
+// storing only 1/T of every activation) plus the LayerNorms' 4 C G.
 TensorParallelTraffic gpt_tensor_parallel_traffic(const GptOptions& options, int degree,
                                                   int64_t micro_batch, int64_t seq_len,
                                                   int checkpointed_blocks = 0,

@@ -13,7 +13,11 @@
 // model's formula (models::gpt_tensor_parallel_traffic) per micro-batch times the micro-batches,
 // plus the engine's norm exchange; and one more transformer block adds exactly Megatron's
 // 4 x 2 (T-1)/T x b s h x bytes per micro-batch (2 all-reduces forward, 2 backward), 6 with
-// activation checkpointing (the recomputed forward repeats its two).
+// activation checkpointing (the recomputed forward repeats its two). With sequence parallelism
+// (Korthikanti et al.; Megatron-LM's implementation) each all-reduce becomes a reduce-scatter and
+// an all-gather, (T-1)/T x b s h x bytes each, and backward re-gathers the two LayerNorm
+// outputs it kept as shards: 10 of them per layer, 12 checkpointed (the recompute's 4 replace
+// the re-gathers), plus the two replicated LayerNorms' [2, h] gradient all-reduces.
 #include <catch2/catch_test_macros.hpp>
 
 #include <cstring>
@@ -70,14 +74,14 @@ struct Measured {
   int params = 0;            // their number (each starts aligned: the padding bound)
 };
 
-Measured run(int layers, int pipeline, bool remat, ScalarType type, bool partition = false) {
+Measured run(int layers, int pipeline, bool remat, ScalarType type, bool partition = false, bool sp = false) {
   coll::Communicator& world = *test::env().comm;
   Device& dev = *test::env().device;
   coll::ProcessGrid grid(world, coll::grid_shape_for(world.size(), pipeline, world.size() / pipeline));
   coll::CountingCommunicator tensor(grid.tensor());
   auto stream = dev.create_stream("compute");
   auto ops = models::make_ops(dev, *stream);
-  Model model = models::make_gpt_tensor_parallel({shape(layers), type, ScalarType::f32}, *ops, tensor);
+  Model model = models::make_gpt_tensor_parallel({shape(layers), type, ScalarType::f32, sp}, *ops, tensor);
   EngineOptions o;
   o.stage = 1;
   o.gradient_accumulation_steps = kGa;
@@ -151,6 +155,24 @@ TEST_CASE("tensor slicing: the bytes sent per layer are Megatron's, counted at t
     // all-gather of one (squared norm, loss) pair of doubles per rank: 16 bytes each).
     const models::TensorParallelTraffic f = models::gpt_tensor_parallel_traffic(
         {shape(2), ScalarType::f32, ScalarType::f32}, T, kB, kS, remat ? 2 : 0);
+    CHECK(two.tensor_bytes == f.wire_bytes() * kGa + double(T - 1) / T * 16 * T);
+  }
+}
+
+TEST_CASE("sequence parallelism: the bytes sent per layer are Megatron's, counted at the communicator", "[tensor]") {
+  const int T = test::env().comm->size();
+  const double half_ring = double(T - 1) / T;  // a reduce-scatter's or an all-gather's share
+  for (bool remat : {false, true}) {
+    const Measured two = run(2, 1, remat, ScalarType::f32, false, true);
+    const Measured three = run(3, 1, remat, ScalarType::f32, false, true);
+    const double per_layer = three.tensor_bytes - two.tensor_bytes;
+    const double layernorms = 2 * 2 * half_ring * double(2 * 32 * 4);  // two all-reduces of [2, h] fp32
+    const double megatron = ((remat ? 12 : 10) * half_ring * double(kB * kS * 32) * 4 + layernorms) * kGa;
+    INFO("T " << T << (remat ? ", checkpointed" : "") << ": per layer " << per_layer << " bytes, Megatron "
+              << megatron);
+    CHECK(per_layer == megatron);
+    const models::TensorParallelTraffic f = models::gpt_tensor_parallel_traffic(
+        {shape(2), ScalarType::f32, ScalarType::f32, true}, T, kB, kS, remat ? 2 : 0);
     CHECK(two.tensor_bytes == f.wire_bytes() * kGa + double(T - 1) / T * 16 * T);
   }
 }
