@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "core/error.hpp"
+#include "core/ledger.hpp"
 #include "core/log.hpp"
 #include "core/mpi_check.hpp"
 #include "models/gpt_flops.hpp"
@@ -106,6 +107,7 @@ void report_pipeline(Run& run) {
   long long mine = 0;
   for (const ParamSpec& ps : (p.stage ? p.stage->view.model : model).params) mine += ps.numel();
   std::vector<long long> counts(static_cast<size_t>(run.world.size()));
+  const size_t bytes = size_of(run.options.param_type);  // per parameter element
   ZERO_CHECK_MPI(MPI_Gather(&mine, 1, MPI_LONG_LONG, counts.data(), 1, MPI_LONG_LONG, 0, run.world.comm()));
   if (run.world.is_root()) {
     char line[512];
@@ -125,13 +127,15 @@ void report_pipeline(Run& run) {
         std::string group;
         for (int k = 0; k < shape.tensor; ++k) {
           const int r = coll::grid_rank(shape, {.data = d, .pipeline = s, .tensor = k});
+          const long long n = counts[static_cast<size_t>(r)];
           group += (k == 0 ? "" : " ") + std::to_string(r) +
-                   (shape.tensor > 1 ? ":" + grouped(counts[static_cast<size_t>(r)]) : std::string());
+                   (shape.tensor > 1 ? ":" + grouped(n) + " (" + format_bytes(static_cast<size_t>(n) * bytes) + ")"
+                                     : std::string());
         }
         ranks += (ranks.empty() ? "" : ", ") + (shape.tensor > 1 ? "[" + group + "]" : group);
       }
       const std::string who = shape.tensor > 1 ? "tensor group" + std::string(shape.data > 1 ? "s" : "") +
-                                                     " (world rank:parameters held) " + ranks
+                                                     " (world rank:parameters held (bytes)) " + ranks
                                                : "world rank" + std::string(shape.data > 1 ? "s " : " ") + ranks;
       if (p.stage) {
         std::string units;
