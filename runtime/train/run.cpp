@@ -223,7 +223,7 @@ int set_up_run(Run& run) {
   // Pipeline stages: the grid, the cut and the schedule first; the engine is then the stage's.
   if (run.grid && !on_all_ranks(world, par.pipeline > 1 ? "setting up " + std::to_string(par.pipeline) + " pipeline stages"
                                                         : std::string("setting up the grid"),
-                                 [&] { build_pipeline(run); }))
+                                 [&] { build_grid_run(run); }))
     return kExitFailure;
   if (!on_all_ranks(world, "the model does not fit", [&] {
         const TensorPlace tensor{run.tensor_counter.get()};
@@ -239,7 +239,7 @@ int set_up_run(Run& run) {
     return kExitFailure;
 
   if (run.pipe)
-    report_pipeline(run);  // the grid, each stage's Units, each rank's parameters, the memory reports
+    report_grid(run);  // the grid, each stage's Units, each rank's parameters, the memory reports
   else
     log::info(run.engine->memory_report());
   report_memory_per_rank(run);

@@ -28,7 +28,7 @@
 #include "runtime/engine/engine.hpp"
 #include "runtime/train/flags.hpp"
 #include "runtime/train/metrics_file.hpp"
-#include "runtime/train/pipeline_run.hpp"
+#include "runtime/train/grid_run.hpp"
 #include "runtime/train/training_data.hpp"
 
 namespace zero::train {
@@ -72,10 +72,10 @@ struct Run {
   // the model and the engine use this one.
   std::unique_ptr<coll::CountingCommunicator> tensor_counter;
   std::optional<Model> model;
-  // With a grid: this rank's coordinate, its stage and its schedule (pipeline_run.hpp); null
+  // With a grid: this rank's coordinate, its stage and its schedule (grid_run.hpp); null
   // otherwise. Between the model (its stage view borrows the model's Units) and the engine
   // (which borrows the view, the place and the grid's communicators).
-  std::unique_ptr<PipelineRun> pipe;
+  std::unique_ptr<GridRun> pipe;
   std::unique_ptr<Engine> engine;
 
   // The run's sizes: W ranks, of which D data-parallel (W without pipeline stages; the batch
@@ -96,7 +96,7 @@ struct Run {
 // communicators, the model and the engine; and prints the start-up report on rank 0 (the run,
 // the host thread budget, the memory budget, the model state per rank and the ledger).
 // With pipeline stages, the grid, the stage cut and the schedule are built before the engine,
-// which is then this rank's stage's (pipeline_run.hpp), and the report shows them.
+// which is then this rank's stage's (grid_run.hpp), and the report shows them.
 // Returns 0, or the exit code with the reason printed: kExitUsage for bad input, kExitFailure
 // when the device cannot be opened, the pipeline cannot be set up or the model does not fit.
 int set_up_run(Run& run);

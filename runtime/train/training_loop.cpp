@@ -167,7 +167,7 @@ int train_steps(Run& run, const HeldOutSet& held_out, long long first_step) {
     };
     // The tensor communicator's bytes before the step (set-up and evaluation are not a step's).
     const double tensor_sent = run.tensor_counter ? run.tensor_counter->traffic().ring_bytes() : 0.0;
-    const StepStats st = run.pipe ? pipeline_train_step(run, load) : engine.step(load);
+    const StepStats st = run.pipe ? grid_train_step(run, load) : engine.step(load);
     const double dt_step = now_seconds() - t_step;
     ++since;
     // The mean loss over every rank's micro-batches (collective: every rank, every step); with

@@ -9,7 +9,7 @@
 // only); in each pipeline the first stage (tokens) and the last (targets) load them, the middle
 // stages load nothing.
 //
-// Ownership: a PipelineRun lives in its Run (run.hpp), declared after the model (its stage view
+// Ownership: a GridRun lives in its Run (run.hpp), declared after the model (its stage view
 // borrows the model's Units) and before the engine (the engine borrows the view, the place and
 // the grid's communicators), so it is destroyed after the engine and before the model. One
 // thread. Every function here is collective over the world unless it says otherwise.
@@ -33,11 +33,11 @@ namespace zero::train {
 
 struct Run;
 
-struct PipelineRun {
-  PipelineRun() = default;
-  PipelineRun(const PipelineRun&) = delete;
-  PipelineRun& operator=(const PipelineRun&) = delete;
-  ~PipelineRun();
+struct GridRun {
+  GridRun() = default;
+  GridRun(const GridRun&) = delete;
+  GridRun& operator=(const GridRun&) = delete;
+  ~GridRun();
 
   coll::ProcessGrid* grid = nullptr;        // the Run's (run.hpp)
   // With pipeline stages only (grid->shape().pipeline > 1; a tensor-sliced run of one stage
@@ -47,7 +47,7 @@ struct PipelineRun {
   pipeline::Stage list;                     // this stage's instructions of one step
   std::optional<engine::PipelineStage> stage;  // this rank's view of the model and its place
   // MPI over this stage's data group (the ranks that share this rank's stage): the held-out
-  // evaluation spreads its chunks over it. MPI_COMM_NULL until built; freed with the PipelineRun.
+  // evaluation spreads its chunks over it. MPI_COMM_NULL until built; freed with the GridRun.
   MPI_Comm data_comm = MPI_COMM_NULL;
 
   int data_size() const noexcept { return grid->shape().data; }
@@ -69,16 +69,16 @@ void build_grid(Run& run);
 // schedule) alike on every rank; the caller runs it under on_all_ranks and then builds the Engine
 // over run.pipe->stage->view.model (or the model, with one stage) with run.grid->data(), the
 // stage's place and the tensor communicator.
-void build_pipeline(Run& run);
+void build_grid_run(Run& run);
 
 // The start-up report's pipeline part on rank 0: the grid (which world ranks form each stage),
 // the schedule and the cut (each stage's Units and parameter count, the tied parameters), then
 // the memory report of each stage's Engine, gathered from rank 0 of each stage's data group.
-void report_pipeline(Run& run);
+void report_grid(Run& run);
 
 // One optimizer step of this rank's stage (Engine::pipeline_step with this stage's list); `load`
 // is called only on the first and last stages. With one stage: Engine::step.
-StepStats pipeline_train_step(Run& run, const std::function<Batch(int micro)>& load);
+StepStats grid_train_step(Run& run, const std::function<Batch(int micro)>& load);
 
 // What the step log needs from every stage.
 struct PipelineStepFigures {

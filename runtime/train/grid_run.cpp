@@ -1,4 +1,4 @@
-#include "runtime/train/pipeline_run.hpp"
+#include "runtime/train/grid_run.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -47,7 +47,7 @@ std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& text) 
 
 }  // namespace
 
-PipelineRun::~PipelineRun() {
+GridRun::~GridRun() {
   if (data_comm != MPI_COMM_NULL) MPI_Comm_free(&data_comm);
 }
 
@@ -57,10 +57,10 @@ void build_grid(Run& run) {
       *run.comm, coll::GridShape{.data = par.data, .pipeline = par.pipeline, .tensor = par.tensor});
 }
 
-void build_pipeline(Run& run) {
+void build_grid_run(Run& run) {
   const config::Parallel& par = run.c.ours.parallel;
   const std::string& file = run.flags.config;
-  auto p = std::make_unique<PipelineRun>();
+  auto p = std::make_unique<GridRun>();
   p->grid = run.grid.get();
   const coll::GridCoord& at = p->grid->coord();
   // The ranks that hold this rank's stage (and tensor slice), ordered by data index.
@@ -98,8 +98,8 @@ void build_pipeline(Run& run) {
   run.pipe = std::move(p);
 }
 
-void report_pipeline(Run& run) {
-  PipelineRun& p = *run.pipe;
+void report_grid(Run& run) {
+  GridRun& p = *run.pipe;
   const coll::GridShape& shape = p.grid->shape();
   const Model& model = *run.model;
   // Every rank's parameter count (its tensor slice of its stage's parameters), for the grid's
@@ -172,13 +172,13 @@ void report_pipeline(Run& run) {
   }
 }
 
-StepStats pipeline_train_step(Run& run, const std::function<Batch(int micro)>& load) {
+StepStats grid_train_step(Run& run, const std::function<Batch(int micro)>& load) {
   if (!run.pipe->stage) return run.engine->step(load);
   return run.engine->pipeline_step(run.pipe->list, load);
 }
 
 PipelineStepFigures pipeline_step_figures(Run& run, const StepStats& st) {
-  const PipelineRun& p = *run.pipe;
+  const GridRun& p = *run.pipe;
   const bool counts = p.last_stage() && p.grid->coord().tensor == 0;
   double sums[2] = {counts ? st.loss / p.data_size() : 0.0, st.time.bubble()};
   double most = st.time.bubble();
