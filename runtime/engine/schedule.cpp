@@ -209,11 +209,18 @@ void ScheduleRunner::partition_input(MicroState& m, int unit) {
                     bytes, x_.compute);
   m.parts[u] = std::move(part);
   m.part_shapes[u] = c.input.shape();
-  // A raw copy holds nothing: a no-op after it on the compute stream holds the whole input until
-  // the copy has run, and the references here can go.
-  x_.compute.launch_host([held = std::move(c.input)] { (void)held; });
+  // A raw copy holds nothing: the whole input must live until the copy has run (hold_input).
+  hold_input(std::move(c.input));
   c.input = Tensor();
   if (u > 0) m.ctx[u - 1].output = Tensor();
+}
+
+// cpu: a no-op on the compute stream holds `t` until the stream has passed what was enqueued
+// before (a raw copy or a collective's chain holds nothing). cuda: dropping `t` here is enough:
+// its memory goes back with cudaFreeAsync on the allocation stream, the compute stream, after
+// that work; and a host task must not free it (cudaLaunchHostFunc callbacks may not call CUDA).
+void ScheduleRunner::hold_input(Tensor t) {
+  if (x_.dev.kind() == DeviceKind::cpu) x_.compute.launch_host([held = std::move(t)] { (void)held; });
 }
 
 void ScheduleRunner::gather_input(MicroState& m, int unit) {
@@ -225,9 +232,8 @@ void ScheduleRunner::gather_input(MicroState& m, int unit) {
                                             *to_dtype(part.type()), x_.compute_point());
   w.chain(x_.compute);  // the recomputation waits for it; the host does not
   m.ctx[u].input = std::move(whole);
-  // `part` must outlive the all-gather: a no-op on the compute stream, after the chain, holds it
-  // until the stream has passed the all-gather's completion.
-  x_.compute.launch_host([held = std::move(part)] { (void)held; });
+  // `part` must outlive the all-gather (the compute stream has waited for it: hold_input).
+  hold_input(std::move(part));
   m.parts[u] = Tensor();
 }
 

@@ -89,6 +89,8 @@ class ScheduleRunner {
   // rank's part of its input; before its backward, all-gather it whole again.
   void partition_input(MicroState& m, int unit);
   void gather_input(MicroState& m, int unit);
+  // Keeps `t` alive until the compute stream has passed the work enqueued so far (schedule.cpp).
+  void hold_input(Tensor t);
   void forward(MicroState& m, int unit, size_t pos);
   void backward(MicroState& m, const UnitPass& p, size_t pos, float seed_scale);
 
