@@ -173,7 +173,8 @@ int main(int argc, char** argv) {
     const bool direct = f.direct();
     const std::string fio_file = a.dir + "/fio.dat";
     const std::string fstype =
-        trim(run("findmnt -n -o FSTYPE,SOURCE -T '" + a.dir + "' 2>/dev/null"));
+        trim(run("findmnt -n -o FSTYPE -T '" + a.dir + "' 2>/dev/null")) + " on " +
+        trim(run("findmnt -n -o SOURCE -T '" + a.dir + "' 2>/dev/null"));
     const std::string fio_version = trim(run("fio --version"));
 
     const size_t buf_bytes = std::min(bytes, size_t{256} << 20);

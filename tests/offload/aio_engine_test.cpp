@@ -3,9 +3,17 @@
 // (misaligned O_DIRECT request, end of file, full drive, unknown handle).
 #include "offload/aio_engine.hpp"
 
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -276,4 +284,69 @@ TEST_CASE("bad aio settings are errors naming the setting", "[aio]") {
   opt = {};
   opt.threads = 0;
   CHECK_THROWS_WITH(AioEngine(opt), ContainsSubstring("aio.intra_op_parallelism"));
+}
+
+// What a container's seccomp profile does to io_uring: io_uring_setup fails with EPERM. In a
+// child process with such a filter, the automatic engine must fall back to threads, say so once
+// (two engines, one warning), still move bytes correctly, and an explicit io_uring request must
+// be an error.
+TEST_CASE("io_uring blocked by seccomp falls back to threads with one warning", "[aio]") {
+  ScratchDir dir;
+  int out[2];
+  REQUIRE(::pipe(out) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::dup2(out[1], 2);
+    ::close(out[0]);
+    sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog{static_cast<unsigned short>(sizeof filter / sizeof filter[0]), filter};
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+      ::_exit(10);
+    try {
+      AioEngine first, second;
+      if (first.backend() != AioBackend::threads || second.backend() != AioBackend::threads)
+        ::_exit(3);
+      AioFile f(dir.path + "/seccomp", AioFile::Mode::create);
+      AlignedBuffer a(65536), b(65536);
+      std::mt19937_64 rng(5);
+      fill_random(a.get(), 65536, rng);
+      first.wait(first.write(f, a.get(), 65536, 0));
+      second.wait(second.read(f, b.get(), 65536, 0));
+      if (std::memcmp(a.get(), b.get(), 65536) != 0) ::_exit(4);
+      AioOptions want;
+      want.backend = AioBackend::io_uring;
+      try {
+        AioEngine refused(want);
+        ::_exit(5);
+      } catch (const zero::Error& e) {
+        if (!std::strstr(e.what(), "asked for io_uring")) ::_exit(6);
+      }
+    } catch (...) {
+      ::_exit(7);
+    }
+    ::_exit(0);
+  }
+  ::close(out[1]);
+  std::string err;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(out[0], buf, sizeof buf)) > 0) err.append(buf, size_t(n));
+  ::close(out[0]);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 10) SKIP("cannot install a seccomp filter here");
+  CAPTURE(err);
+  REQUIRE(WEXITSTATUS(status) == 0);
+  const std::string warning = "io_uring is unavailable";
+  const size_t at = err.find(warning);
+  CHECK(at != std::string::npos);
+  CHECK(err.find(warning, at + 1) == std::string::npos);
 }
