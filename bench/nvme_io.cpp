@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
     a.dir = ::mkdtemp(tmpl);
   }
   const size_t bytes = a.size_mib << 20;
-  const int reps = a.quick ? 5 : 7;
+  const int reps = a.quick ? 5 : 9;
   try {
     AioEngine io(a.aio);
     const bool uring = io.backend() == AioBackend::io_uring;

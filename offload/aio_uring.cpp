@@ -103,20 +103,34 @@ class UringBackend final : public AioBackendImpl {
     }
   }
 
+  // Waits for at least one completion, then takes every completion already there before
+  // refilling the ring once: fewer lock round trips and io_uring_submit calls when pieces finish
+  // together (a loaded machine wakes the reaper late).
   void reap() {
+    io_uring_cqe* batch[64];
     for (;;) {
       io_uring_cqe* cqe = nullptr;
       const int rc = io_uring_wait_cqe(&ring_, &cqe);
       if (rc == -EINTR) continue;
       if (rc < 0) ring_broken("wait_cqe", -rc);
-      auto* piece = static_cast<AioPiece*>(io_uring_cqe_get_data(cqe));
-      const long res = cqe->res;
-      io_uring_cqe_seen(&ring_, cqe);
-      if (!piece) return;  // the shutdown no-op
-      // Outside mu_: the engine may resubmit the rest of a short transfer from inside done_.
-      done_(piece, res);
+      const unsigned n = io_uring_peek_batch_cqe(&ring_, batch, 64);
+      bool stop = false;
+      int finished = 0;
+      for (unsigned i = 0; i < n; ++i) {
+        auto* piece = static_cast<AioPiece*>(io_uring_cqe_get_data(batch[i]));
+        const long res = batch[i]->res;
+        io_uring_cqe_seen(&ring_, batch[i]);
+        if (!piece) {  // the shutdown no-op
+          stop = true;
+          continue;
+        }
+        // Outside mu_: the engine may resubmit the rest of a short transfer from inside done_.
+        done_(piece, res);
+        ++finished;
+      }
+      if (stop) return;
       std::lock_guard<std::mutex> lock(mu_);
-      --in_flight_;
+      in_flight_ -= finished;
       pump_locked();
     }
   }
