@@ -156,11 +156,13 @@ void AioEngine::complete(AioPiece* p, long result) {
   operations_.fetch_add(1, std::memory_order_relaxed);
   if (result > 0) (p->write ? bytes_written_ : bytes_read_).fetch_add(uint64_t(result));
   std::string error;
-  const std::string what = std::string(p->write ? "write" : "read") + " of " +
-                           std::to_string(p->length) + " bytes at offset " +
-                           std::to_string(p->offset);
+  // Built on failure only: this runs once per piece on the back-end's thread.
+  auto what = [p] {
+    return std::string(p->write ? "write" : "read") + " of " + std::to_string(p->length) +
+           " bytes at offset " + std::to_string(p->offset);
+  };
   if (result < 0) {
-    error = io_error_message(r->path, what, static_cast<int>(-result));
+    error = io_error_message(r->path, what(), static_cast<int>(-result));
   } else if (static_cast<size_t>(result) < p->length) {
     const auto moved = static_cast<size_t>(result);
     const bool aligned = moved % kAioAlignment == 0;
@@ -175,10 +177,10 @@ void AioEngine::complete(AioPiece* p, long result) {
     }
     if (p->write)
       // Zero bytes written (or an unaligned tail O_DIRECT cannot continue): the drive is full.
-      error = io_error_message(r->path, what + " (only " + std::to_string(moved) + " written)",
+      error = io_error_message(r->path, what() + " (only " + std::to_string(moved) + " written)",
                                ENOSPC);
     else
-      error = r->path + ": " + what + " reached the end of the file after " +
+      error = r->path + ": " + what() + " reached the end of the file after " +
               std::to_string(moved) + " bytes. What to do: the file is shorter than the data " +
               "asked for; it was truncated or never written (read only what was written)";
   }
