@@ -80,18 +80,24 @@ SwapStore::SwapStore(AioEngine& engine, const std::string& nvme_path, int rank,
     ZERO_FAIL(dir_ + " is in use by another process (another job or rank given the same "
                      "nvme_path and rank). What to do: give each job its own nvme_path");
   }
-  if (const int n = remove_leftovers(dir_); n > 0)
-    log::rank_info(dir_ + ": removed " + std::to_string(n) +
-                   " swap file(s) left by a process that did not exit cleanly");
-
-  // One probe decides direct or buffered for the whole directory, so a file system without
-  // O_DIRECT is reported once (AioFile warns, naming the probe's path) and not per tensor.
-  {
+  try {
+    if (const int n = remove_leftovers(dir_); n > 0)
+      log::rank_info(dir_ + ": removed " + std::to_string(n) +
+                     " swap file(s) left by a process that did not exit cleanly");
+    // One probe decides direct or buffered for the whole directory, so a file system without
+    // O_DIRECT is reported once (AioFile warns, naming the probe's path) and not per tensor.
     const std::string probe = dir_ + "/probe.swp";
     AioFile f(probe, AioFile::Mode::create, prefer_direct);
     direct_ = f.direct();
     f.close();
     ::unlink(probe.c_str());
+  } catch (...) {
+    // The destructor will not run: release the lock and the directories here.
+    ::unlink(lock.c_str());
+    ::close(lock_fd_);
+    ::rmdir(dir_.c_str());
+    if (made_parent_) ::rmdir(parent_.c_str());
+    throw;
   }
 }
 
