@@ -1,6 +1,7 @@
 // AioOptions: the settings of the asynchronous file engine (aio_engine.hpp), the offload-level
 // twin of DeepSpeed's "aio" block (runtime/config's Aio). offload/ sits below runtime/, so the
-// engine takes this struct and whoever builds it copies the config's fields across:
+// engine takes this struct and config::to_aio_options (runtime/config/to_offload.hpp) copies the
+// config's fields across:
 //   aio.block_size            -> block_size
 //   aio.queue_depth           -> queue_depth
 //   aio.intra_op_parallelism  -> threads       (old name: thread_count)
