@@ -158,7 +158,8 @@ TEST_CASE("a missing nvme_path is an error naming it", "[swap]") {
   AioEngine io;
   const std::string missing = dir.path + "/no/such/dir";
   CHECK_THROWS_WITH(SwapStore(io, missing, 0),
-                    ContainsSubstring(missing) && ContainsSubstring("does not exist"));
+                    ContainsSubstring(missing) && ContainsSubstring("does not exist") &&
+                        ContainsSubstring("mkdir -p"));
   CHECK_THROWS_WITH(SwapStore(io, "", 0), ContainsSubstring("nvme_path is empty"));
 }
 
@@ -168,7 +169,8 @@ TEST_CASE("an nvme_path that is a file is an error naming it", "[swap]") {
   std::ofstream(file) << "x";
   AioEngine io;
   CHECK_THROWS_WITH(SwapStore(io, file, 0),
-                    ContainsSubstring(file) && ContainsSubstring("not a directory"));
+                    ContainsSubstring(file) && ContainsSubstring("not a directory") &&
+                        ContainsSubstring("point nvme_path at a directory"));
 }
 
 // chmod does not stop root, so a read-only tmpfs stands for a read-only drive.
