@@ -18,6 +18,8 @@ packages=(
   nlohmann-json3-dev                  # ds_config.json parsing
   libopenblas-dev                     # CPU BLAS for the cpu backend
   python3                             # test scripts: metrics comparison, a safetensors reader
+  liburing-dev                        # io_uring: the NVMe tier's asynchronous file engine
+  fio                                 # bench/nvme_io's reference: the drive's bandwidth, same run
 )
 backport_packages=(libcatch2-dev)     # Catch2 v3 (bookworm main has only v2)
 
