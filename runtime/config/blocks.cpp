@@ -292,12 +292,13 @@ template <class Io>
 void visit(Io& io, ActivationCheckpointing& a) {
   // number_checkpoints picks how many transformer blocks recompute their activations
   // (zero::checkpoint_plan); partition_activations splits what they keep across the tensor group
-  // (EngineOptions::partition_activations); the other knobs tune DeepSpeed's own implementation
+  // (EngineOptions::partition_activations) and cpu_checkpointing keeps it in host memory
+  // (EngineOptions::cpu_checkpointing); the other knobs tune DeepSpeed's own implementation
   // and are not ours.
   io.key("partition_activations", a.partition_activations);
   io.key("contiguous_memory_optimization", a.contiguous_memory_optimization,
          {.not_implemented = true});
-  io.key("cpu_checkpointing", a.cpu_checkpointing, {.not_implemented = true});
+  io.key("cpu_checkpointing", a.cpu_checkpointing);
   io.key("number_checkpoints", a.number_checkpoints, {.min = 0});
   io.key("synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary,
          {.not_implemented = true});

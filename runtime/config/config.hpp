@@ -325,7 +325,7 @@ struct Aio {
 struct ActivationCheckpointing {
   bool partition_activations = false;             // checkpointed inputs split over the tensor group
   bool contiguous_memory_optimization = false;    // not implemented: one buffer for them
-  bool cpu_checkpointing = false;                 // not implemented: keep them in host memory
+  bool cpu_checkpointing = false;                 // keep them in pinned host memory
   std::optional<long long> number_checkpoints;    // checkpointed blocks; null = none
   bool synchronize_checkpoint_boundary = false;   // device sync at each checkpoint
   bool profile = false;                           // time the checkpointed forwards

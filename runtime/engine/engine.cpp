@@ -2,6 +2,8 @@
 // pieces of engine_state.hpp. Construction checks the options and sets the pieces up.
 #include "runtime/engine/engine.hpp"
 
+#include <algorithm>
+
 #include "core/phase.hpp"
 #include "runtime/engine/engine_state.hpp"
 
@@ -74,8 +76,10 @@ Engine::Engine(Model& model, Device& device, Stream& compute, coll::Communicator
     };
   }
   // On a pipeline stage before the last, the last Unit's output goes to the next stage.
+  if (x.o.cpu_checkpointing && std::find(checkpoint.begin(), checkpoint.end(), true) != checkpoint.end())
+    s.act_off = std::make_unique<engine::ActivationOffload>(device, compute, x.o.pin);
   s.runner = std::make_unique<engine::ScheduleRunner>(x, s.params, s.grads, std::move(checkpoint),
-                                                      !x.place.active() || x.place.next() < 0);
+                                                      !x.place.active() || x.place.next() < 0, s.act_off.get());
   s.set_up();
 }
 

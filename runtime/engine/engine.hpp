@@ -94,6 +94,11 @@ struct EngineOptions {
   // before the Unit recomputes (the result is bitwise the same). No effect without both, nor on
   // a model whose activations are sharded already (Model::sharded_activations: sequence parallel).
   bool partition_activations = false;
+  // activation_checkpointing.cpu_checkpointing: what each checkpointed Unit keeps (its input, or
+  // its part with partition_activations) waits in pinned host memory between the Unit's forward
+  // and its backward, copied on the side streams (activation_offload.hpp; bitwise the same
+  // training). No effect without activation checkpointing.
+  bool cpu_checkpointing = false;
 
   // Communication (zero_optimization keys; elements). Defaults are DeepSpeed's except the
   // persistence threshold, which the config mapping sets (DeepSpeed: 100000).

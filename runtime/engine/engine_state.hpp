@@ -76,6 +76,8 @@ struct Engine::State {
   engine::ParamResidency params;
   engine::GradReduction grads;
   std::unique_ptr<engine::OptimizerStep> opt;
+  // cpu_checkpointing only; before the runner, which borrows it.
+  std::unique_ptr<engine::ActivationOffload> act_off;
   std::unique_ptr<engine::ScheduleRunner> runner;
   std::vector<engine::UnitPass> schedule;  // the passes of every step
   bool spec = false;  // the speculative host step is on (its second bank was allocated)
@@ -116,6 +118,7 @@ struct Engine::State {
     try { x.compute.synchronize(); } catch (...) {}
     try { x.comm.stream().synchronize(); } catch (...) {}  // the timers' clock reads
     if (host) host->quiesce();
+    if (act_off) act_off->quiesce();
   }
 };
 

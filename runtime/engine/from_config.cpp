@@ -44,6 +44,7 @@ EngineOptions engine_options(const config::Config& c) {
   o.seed = static_cast<uint64_t>(c.seed);
   o.number_checkpoints = c.activation_checkpointing.number_checkpoints;
   o.partition_activations = c.activation_checkpointing.partition_activations;
+  o.cpu_checkpointing = c.activation_checkpointing.cpu_checkpointing;
 
   o.overlap_comm = c.zero.overlap_comm;
   o.reduce_bucket_size = c.zero.reduce_bucket_size;

@@ -27,8 +27,8 @@ std::vector<int> unit_order(const std::vector<UnitPass>& passes) {
 }
 
 ScheduleRunner::ScheduleRunner(Context& x, ParamResidency& params, GradReduction& grads,
-                               std::vector<bool> checkpoint, bool has_loss)
-    : x_(x), params_(params), grads_(grads), checkpoint_(std::move(checkpoint)), has_loss_(has_loss) {}
+                               std::vector<bool> checkpoint, bool has_loss, ActivationOffload* act)
+    : x_(x), params_(params), grads_(grads), checkpoint_(std::move(checkpoint)), has_loss_(has_loss), act_(act) {}
 
 void ScheduleRunner::plan(const std::vector<UnitPass>& passes) {
   const size_t U = x_.model.units.size();
@@ -120,7 +120,10 @@ void ScheduleRunner::forward(MicroState& m, int unit, size_t pos) {
   x_.model.units[u]->forward(c);
   c.params.clear();
   m.carry = c.output;
-  if (c.checkpoint) partition_input(m, unit);
+  if (c.checkpoint) {
+    partition_input(m, unit);
+    stash_input(m, unit);
+  }
   // Stage 3 frees the gathered parameters here (after the stream has passed the Unit); else the
   // host waits only for the Unit before this one (unit_fence).
   if (x_.o.stage == 3) params_.release_after(q); else x_.unit_fence();
@@ -152,7 +155,11 @@ void ScheduleRunner::backward(MicroState& m, const UnitPass& p, size_t pos, floa
     c.grad_scale = seed_scale;
   }
   c.grads = grads_.views(p.unit);
-  if (p.part != Part::weight) gather_input(m, p.unit);
+  if (p.part != Part::weight) {
+    fetch_input(m, p.unit);
+    if (p.unit > 0) prefetch_input(m, p.unit - 1);  // its copy runs while this Unit computes
+    gather_input(m, p.unit);
+  }
   switch (p.part) {
     case Part::backward: unit.backward(c); break;
     case Part::input: unit.backward_input(c); break;
@@ -235,6 +242,38 @@ void ScheduleRunner::gather_input(MicroState& m, int unit) {
   // `part` must outlive the all-gather (the compute stream has waited for it: hold_input).
   hold_input(std::move(part));
   m.parts[u] = Tensor();
+}
+
+// cpu_checkpointing (DeepSpeed's activation_checkpointing key): what a checkpointed Unit keeps
+// for its recomputation, its input or (partition_activations) this tensor rank's part, waits in
+// host memory. The whole input is also the previous Unit's output: that reference goes too, so
+// the device holds none of it between the forward and the backward.
+void ScheduleRunner::stash_input(MicroState& m, int unit) {
+  if (act_ == nullptr) return;
+  const size_t u = static_cast<size_t>(unit);
+  const bool part = !m.parts.empty() && m.parts[u];
+  Tensor& kept = part ? m.parts[u] : m.ctx[u].input;
+  if (!kept) return;
+  if (m.stashed.empty()) {
+    m.stashed.resize(m.ctx.size());
+    m.stashed_part.assign(m.ctx.size(), 0);
+  }
+  m.stashed[u] = act_->stash(std::move(kept));
+  if (!m.stashed[u]) return;  // not stashable (stays where it was)
+  m.stashed_part[u] = part ? 1 : 0;
+  if (!part && u > 0) m.ctx[u - 1].output = Tensor();
+}
+
+void ScheduleRunner::prefetch_input(MicroState& m, int unit) {
+  const size_t u = static_cast<size_t>(unit);
+  if (act_ != nullptr && u < m.stashed.size() && m.stashed[u]) act_->prefetch(m.stashed[u]);
+}
+
+void ScheduleRunner::fetch_input(MicroState& m, int unit) {
+  const size_t u = static_cast<size_t>(unit);
+  if (act_ == nullptr || u >= m.stashed.size() || !m.stashed[u]) return;
+  Tensor t = act_->fetch(m.stashed[u]);
+  if (m.stashed_part[u]) m.parts[u] = std::move(t); else m.ctx[u].input = std::move(t);
 }
 
 }  // namespace zero::engine

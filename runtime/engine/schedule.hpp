@@ -20,6 +20,7 @@
 #include <functional>
 #include <vector>
 
+#include "runtime/engine/activation_offload.hpp"
 #include "runtime/engine/context.hpp"
 #include "runtime/engine/grad_reduction.hpp"
 #include "runtime/engine/param_residency.hpp"
@@ -57,6 +58,10 @@ struct MicroState {
   // (empty: the input is kept whole in ctx, or not at all) and the whole input's shape.
   std::vector<Tensor> parts;
   std::vector<Shape> part_shapes;
+  // cpu_checkpointing: per Unit, its kept input (or its part, `stashed_part`) in host memory
+  // between its forward and its backward (activation_offload.hpp).
+  std::vector<StashedActivation> stashed;
+  std::vector<char> stashed_part;
   Tensor carry;
   double loss = 0;
   int passes_left = 0;
@@ -67,8 +72,10 @@ class ScheduleRunner {
   // `checkpoint[u]`: Unit u recomputes its activations in backward (checkpoint_plan).
   // `has_loss`: the model's last Unit computes the loss (false on a pipeline stage before the
   // last: its last Unit's output goes to the next stage).
+  // `act`: cpu_checkpointing's host side (null: checkpointed inputs stay on the device); it must
+  // outlive the runner.
   ScheduleRunner(Context& x, ParamResidency& params, GradReduction& grads, std::vector<bool> checkpoint,
-                 bool has_loss = true);
+                 bool has_loss = true, ActivationOffload* act = nullptr);
 
   // Runs `passes` (one step). next(m) gives micro-batch m (on the device), asked for just before
   // its first pass; fetched(m) is called right after. The backward seeds are scaled by
@@ -91,6 +98,12 @@ class ScheduleRunner {
   void gather_input(MicroState& m, int unit);
   // Keeps `t` alive until the compute stream has passed the work enqueued so far (schedule.cpp).
   void hold_input(Tensor t);
+  // cpu_checkpointing (schedule.cpp): after a checkpointed Unit's forward (and its partition),
+  // its kept input goes to host memory; before its backward it comes back (prefetched a pass
+  // ahead for the Unit below).
+  void stash_input(MicroState& m, int unit);
+  void fetch_input(MicroState& m, int unit);
+  void prefetch_input(MicroState& m, int unit);
   void forward(MicroState& m, int unit, size_t pos);
   void backward(MicroState& m, const UnitPass& p, size_t pos, float seed_scale);
 
@@ -99,6 +112,7 @@ class ScheduleRunner {
   GradReduction& grads_;
   std::vector<bool> checkpoint_;
   bool has_loss_;
+  ActivationOffload* act_;
   // The plan: the passes, each Unit's last gradient-ending pass (after it the Unit's group holds
   // the step's final gradient), the last pass that reads parameters (stage 3 then releases all),
   // each pass's index in the gather order (-1: reads none), passes per micro-batch.
