@@ -72,8 +72,6 @@ const models::GptShape kGpt{2, 32, 4, 16, 8};
 constexpr int kRows = 2;   // sequences per micro-batch
 constexpr int kSteps = 4;
 constexpr int kGa = 2;     // micro-batches per data rank and step
-// MEASURING: the bf16 bound on the gradient norm
-constexpr double kBf16NormTol = 1.0;
 
 struct Setup {
   int tensor = 2;
@@ -234,7 +232,13 @@ void check(const Setup& s, const TrainedRun& ref, const TrainedRun* f32_ref = nu
   // run (triangle inequality). See the header for the fp32 bounds.
   const double noise = f32 ? 0 : test::sliced_rel_l2(ref.params, ref.specs, {}, f32_ref->params, kGpt.n_embd);
   const double tol = f32 ? 1e-5 : 3 * noise, loss_tol = f32 ? 1e-5 : 5e-3;
-  const double norm_tol = f32 ? 1e-5 : kBf16NormTol;
+  // The gradient norm the engine computed (StepStats::grad_norm, before clipping): the global
+  // norm over the slices, replicated parameters counted once. fp32: every step, as the losses
+  // (summation order only). bf16: the first step only, where both runs hold the same parameters
+  // (init is bitwise alike), so the gradients differ only by bf16 roundings of the activations
+  // (2^-9 each); 2^-8 allows every element a whole bf16 ulp, all in one direction. Later bf16
+  // steps start from parameters already apart by the bf16 noise above (measured 1.9e-2 apart).
+  const double first_norm_tol = f32 ? 1e-5 : 0x1p-8;
   const double diff = rel_l2(sl, ref);
   const double to_f32 = f32 ? 0 : rel_l2(sl, *f32_ref);
   double worst_loss = 0, worst_norm = 0;
@@ -269,7 +273,8 @@ void check(const Setup& s, const TrainedRun& ref, const TrainedRun* f32_ref = nu
   CHECK(drift == 0);
   CHECK(diff <= tol);
   CHECK(worst_loss <= loss_tol);
-  CHECK(worst_norm <= norm_tol);
+  CHECK(first_norm <= first_norm_tol);
+  if (f32) CHECK(worst_norm <= 1e-5);
   CHECK(eval_diff <= loss_tol);
   if (f32) CHECK(same == got.argmax.size());
   for (const int32_t id : got.argmax) CHECK((id >= 0 && id < kGpt.vocab_size));
