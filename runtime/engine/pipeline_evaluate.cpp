@@ -39,7 +39,9 @@ double Engine::pipeline_evaluate(const Batch& batch, std::vector<int32_t>* argma
     Tensor carry;
     if (!first) {
       Tensor header = Tensor::empty(x.dev, Shape{kPipeHeader}, ScalarType::i32, MemCategory::activations);
-      pipe.recv(header.data(), kPipeHeader, DType::f32, prev_rank).wait();
+      // After the compute stream's point: the buffers are stream-ordered allocations on the
+      // compute stream (cuda: cudaMallocAsync), not ours until that stream has reached them.
+      pipe.recv(header.data(), kPipeHeader, DType::f32, prev_rank, x.compute_point()).wait();
       int32_t h[kPipeHeader];
       copy_to_host(x.dev, x.compute, h, header);
       x.compute.synchronize();
@@ -47,7 +49,7 @@ double Engine::pipeline_evaluate(const Batch& batch, std::vector<int32_t>* argma
       carry = Tensor::empty(x.dev, got.shape, got.type, MemCategory::activations);
       const std::optional<DType> wire = to_dtype(carry.type());
       ZERO_REQUIRE(wire.has_value(), where + ": the activation is not fp32/bf16/fp16");
-      pipe.recv(carry.data(), static_cast<size_t>(carry.numel()), *wire, prev_rank).wait();
+      pipe.recv(carry.data(), static_cast<size_t>(carry.numel()), *wire, prev_rank, x.compute_point()).wait();
     }
 
     const size_t U = x.model.units.size();

@@ -29,37 +29,16 @@
 #include "core/world.hpp"
 #include "runtime/engine/engine.hpp"
 #include "tests/checkpoint/helpers.hpp"
+#include "tests/mpi/cuda_fixture.hpp"
 #include "tests/mpi/mpi_fixture.hpp"
 
 using namespace zero;
+using test::AllocationStream;
+using test::cuda_env;
+using test::CudaEnv;
+using test::every_rank_has_a_gpu;
 
 namespace {
-
-bool every_rank_has_a_gpu() {
-  World& w = World::get();
-  return !w.any(cuda_device_count() < w.local_size());
-}
-
-// One GPU per rank and an NCCL communicator over the world, made once.
-struct CudaEnv {
-  std::unique_ptr<Device> device;
-  std::unique_ptr<coll::Communicator> comm;
-  CudaEnv() {
-    device = make_device(DeviceKind::cuda, World::get().local_rank());
-    comm = coll::make_nccl_communicator(World::get().comm(), *device);
-  }
-};
-CudaEnv& cuda_env() {
-  static CudaEnv e;
-  return e;
-}
-
-// Device memory ordered on `stream` while it lives (what zero-train does on cuda).
-struct AllocationStream {
-  Device& d;
-  AllocationStream(Device& dev, Stream& s) : d(dev) { d.set_allocation_stream(&s); }
-  ~AllocationStream() { d.set_allocation_stream(nullptr); }
-};
 
 const models::GptShape kGpt{2, 64, 4, 32, 16};
 constexpr int kRows = 4;  // sequences per micro-batch

@@ -39,6 +39,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "collectives/grid.hpp"
@@ -48,37 +49,16 @@
 #include "runtime/engine/pipeline_stage.hpp"
 #include "runtime/pipeline/schedule.hpp"
 #include "runtime/pipeline/stage_partition.hpp"
+#include "tests/mpi/cuda_fixture.hpp"
 #include "tests/mpi/mpi_fixture.hpp"
 
 using namespace zero;
+using test::AllocationStream;
+using test::cuda_env;
+using test::CudaEnv;
+using test::every_rank_has_a_gpu;
 
 namespace {
-
-bool every_rank_has_a_gpu() {
-  World& w = World::get();
-  return !w.any(cuda_device_count() < w.local_size());
-}
-
-// One GPU per rank and an NCCL communicator over the world, made once.
-struct CudaEnv {
-  std::unique_ptr<Device> device;
-  std::unique_ptr<coll::Communicator> comm;
-  CudaEnv() {
-    device = make_device(DeviceKind::cuda, World::get().local_rank());
-    comm = coll::make_nccl_communicator(World::get().comm(), *device);
-  }
-};
-CudaEnv& cuda_env() {
-  static CudaEnv e;
-  return e;
-}
-
-// Device memory ordered on `stream` while it lives (what zero-train does on cuda).
-struct AllocationStream {
-  Device& d;
-  AllocationStream(Device& dev, Stream& s) : d(dev) { d.set_allocation_stream(&s); }
-  ~AllocationStream() { d.set_allocation_stream(nullptr); }
-};
 
 struct Setup {
   models::GptShape gpt{2, 64, 4, 32, 16};
@@ -127,18 +107,12 @@ Model build(const Setup& s, models::Ops& ops) { return models::make_gpt({s.gpt, 
 
 // The reference: the whole GPT, ZeRO 0, on this rank's GPU alone (every rank runs it).
 Run reference(const Setup& s) {
-  CudaEnv& e = cuda_env();
-  auto alone = e.comm->split(e.comm->rank(), 0);
-  auto stream = e.device->create_stream("compute");
-  const AllocationStream ordered(*e.device, *stream);
-  auto ops = models::make_ops(*e.device, *stream);
-  Model model = build(s, *ops);
-  Engine engine(model, *e.device, *stream, *alone, options(s, 0));
+  test::TrainedRun whole = test::train_on_one_gpu(
+      [&](models::Ops& ops) { return build(s, ops); }, options(s, 0), s.steps,
+      [&](Device& dev, Stream& stream, int step, int m) { return make_batch(dev, stream, s, int64_t{step} * 1000 + m); });
   Run run;
-  for (int step = 0; step < s.steps; ++step)
-    run.losses.push_back(
-        engine.step([&](int m) { return make_batch(*e.device, *stream, s, int64_t{step} * 1000 + m); }).loss);
-  for (int p = 0; p < static_cast<int>(model.params.size()); ++p) run.params.push_back(engine.parameter(p));
+  run.params = std::move(whole.params);
+  run.losses = std::move(whole.losses);
   return run;
 }
 

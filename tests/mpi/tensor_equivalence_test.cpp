@@ -41,6 +41,7 @@
 #include "runtime/pipeline/schedule.hpp"
 #include "runtime/pipeline/stage_partition.hpp"
 #include "tests/mpi/mpi_fixture.hpp"
+#include "tests/mpi/slice_compare.hpp"
 
 using namespace zero;
 
@@ -172,27 +173,11 @@ Run sliced(const Setup& s, std::vector<ParamSpec>& specs, std::vector<int>& to_o
   return run;
 }
 
-// ||a - b|| / ||b|| over this rank's parameters, b cut to each one's slice. Skipped as in
-// engine_test: the key biases (their gradient is exactly zero; only noise).
+// ||a - b|| / ||b|| over this rank's parameters, b cut to each one's slice, the key biases left
+// out (tests/mpi/slice_compare.hpp).
 double rel_l2(const Run& got, const std::vector<ParamSpec>& specs, const std::vector<int>& to_original,
               const Run& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.params.size(); ++i) {
-    const ParamSpec& spec = specs[i];
-    const std::vector<float>& a = got.params[i];
-    const std::vector<float>& whole = ref.params[static_cast<size_t>(to_original[i])];
-    REQUIRE(static_cast<int64_t>(a.size()) == spec.numel());
-    const bool key_bias = spec.name.ends_with("attn.c_attn.bias");
-    const int64_t C = kGpt.n_embd;
-    for (int64_t k = 0; k < spec.numel(); ++k) {
-      const int64_t w = param_slice_element(spec, k);
-      if (key_bias && w >= C && w < 2 * C) continue;
-      const double d = double(a[static_cast<size_t>(k)]) - whole[static_cast<size_t>(w)];
-      num += d * d;
-      den += double(whole[static_cast<size_t>(w)]) * whole[static_cast<size_t>(w)];
-    }
-  }
-  return std::sqrt(num / den);
+  return test::sliced_rel_l2(got.params, specs, to_original, ref.params, kGpt.n_embd);
 }
 
 void check(const Setup& s) {
