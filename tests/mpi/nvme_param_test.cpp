@@ -17,6 +17,7 @@
 #include <fstream>
 
 #include "core/error.hpp"
+#include "models/gpt.hpp"
 #include "models/mlp.hpp"
 #include "runtime/engine/engine.hpp"
 #include "tests/checkpoint/helpers.hpp"
@@ -213,4 +214,62 @@ TEST_CASE("nvme params: a bad nvme_path or a too small buffer_size is a clear er
   CHECK_THROWS_WITH(Trainer(small), ContainsSubstring("offload_param.buffer_size (4)"));
   // Nothing is left behind by the engines that failed to start.
   CHECK_FALSE(std::filesystem::exists(d.dir.path + "/zero-swap"));
+}
+
+// The host holds the shards in RAM up to max_in_cpu and the swap buffers: the ledger's host
+// parameters are what expected_host_state() plans, and less than with every shard in RAM.
+TEST_CASE("nvme params: the ledger shows the swap buffers instead of the shards") {
+  for (int buffers : {1, 3})
+    for (bool half_in_cpu : {false, true}) {
+      INFO(buffers << " buffers" << (half_in_cpu ? ", half of the shards in RAM" : ""));
+      auto dev = make_device(DeviceKind::cpu);
+      auto stream = dev->create_stream("compute");
+      auto ops = models::make_ops(*dev, *stream);
+      const models::GptShape shape{2, 64, 4, 64, 32};
+      Model model = models::make_gpt({shape, ScalarType::bf16, ScalarType::f32}, *ops);
+      NvmeDir d;
+      EngineOptions o = d.on(options(ScalarType::bf16, 1, 1.0f), 0, buffers);
+      o.param_persistence_threshold = 0;  // every group partitioned
+      size_t shards = 0;
+      {
+        auto cdev = make_device(DeviceKind::cpu);
+        auto cstream = cdev->create_stream("compute");
+        auto cops = models::make_ops(*cdev, *cstream);
+        Model cmodel = models::make_gpt({shape, ScalarType::bf16, ScalarType::f32}, *cops);
+        EngineOptions c = options(ScalarType::bf16, 1, 1.0f);
+        c.param_persistence_threshold = 0;
+        Engine cpu(cmodel, *cdev, *cstream, world(), c);
+        shards = static_cast<size_t>(cpu.partition().shard_numel_total()) * 2;
+        if (half_in_cpu) o.param_max_in_cpu = cpu.partition().shard_numel_total() / 2;
+      }
+      Engine engine(model, *dev, *stream, world(), o);
+      INFO(engine.memory_report());
+      const LedgerSnapshot snap = dev->ledger().snapshot();
+      const Engine::ModelStateBytes h = engine.expected_host_state();
+      CHECK(snap.at(MemSpace::host, MemCategory::parameters).current == h.parameters);
+      const engine::ParamNvmeCounters c = engine.param_nvme_counters();
+      // Host parameters: the updated shard on its way up (HostOffload's out, 2 bytes per
+      // element), the shards kept in RAM, and the swap buffers (page multiples, at most one per
+      // shard on the drive).
+      CHECK(c.host_buffer_bytes % 4096 == 0);
+      CHECK(c.host_buffer_bytes <= static_cast<uint64_t>(buffers) * c.bytes_on_drive);
+      if (buffers == 1) CHECK(h.parameters < 2 * shards);  // less than every shard in RAM
+      if (half_in_cpu) {
+        CHECK(h.parameters > shards + c.host_buffer_bytes);
+        CHECK(h.parameters <= shards + shards / 2 + c.host_buffer_bytes);
+      }
+      if (!half_in_cpu) CHECK(h.parameters == shards + c.host_buffer_bytes);
+      // And it trains: one step reads the shards up and writes the new ones back.
+      engine.step([&](int) {
+        Batch b;
+        b.inputs = Tensor::empty(*dev, Shape{2, 32}, ScalarType::i32, MemCategory::activations);
+        b.targets = Tensor::empty(*dev, Shape{2, 32}, ScalarType::i32, MemCategory::activations);
+        for (int i = 0; i < 64; ++i) {
+          b.inputs.data_as<int32_t>()[i] = (i * 7) % 64;
+          b.targets.data_as<int32_t>()[i] = (i * 3 + 1) % 64;
+        }
+        return b;
+      });
+      CHECK(engine.param_nvme_counters().bytes_written >= c.bytes_written + c.bytes_on_drive);
+    }
 }
