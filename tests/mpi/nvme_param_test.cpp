@@ -120,13 +120,22 @@ struct SharedDir {
 }  // namespace
 
 TEST_CASE("nvme params: the same training as offload_param on the host, bitwise") {
-  for (ScalarType type : {ScalarType::f32, ScalarType::bf16})
+  for (ScalarType type : {ScalarType::f32, ScalarType::bf16, ScalarType::f16})
     for (int ga : {1, 2})
       for (float clip : {0.05f, 100.0f})  // the speculative step dropped / kept
         for (int variant = 0; variant < 4; ++variant) {
           // 0: all shards on the drive, 5 buffers; 1: one buffer (every read evicts);
           // 2: half of the shard elements stay in RAM; 3: no prefetching, no speculation.
+          // fp16 (a sample): overflow steps first, which store nothing.
+          if (type == ScalarType::f16 && (ga != 1 || variant > 1)) continue;
           EngineOptions o = options(type, ga, clip);
+          if (type == ScalarType::f16) {
+            optim::LossScalerOptions ls;
+            ls.enabled = true;
+            ls.initial_scale_power = 24;  // overflows at once: skipped steps first
+            ls.hysteresis = 1;
+            o.loss_scaler = ls;
+          }
           if (variant == 3) {
             o.prefetch_bucket_size = 0;
             o.speculative_host_step = false;
@@ -150,7 +159,7 @@ TEST_CASE("nvme params: the same training as offload_param on the host, bitwise"
           // value). Reads: a shard still in a swap buffer (read ahead, or just written) is not
           // read again, so with 5 buffers a small model may be read once only; with one buffer
           // and two or more shards on the drive every step reads at least one.
-          CHECK(c.bytes_written >= kSteps * c.bytes_on_drive);
+          if (type != ScalarType::f16) CHECK(c.bytes_written >= kSteps * c.bytes_on_drive);
           CHECK(c.bytes_written <= (kSteps + 1) * c.bytes_on_drive);
           CHECK(c.bytes_read > 0);
           if (variant == 1 && c.bytes_on_drive > 4096) CHECK(c.bytes_read >= kSteps * 4096);
