@@ -36,6 +36,7 @@ json.dump(c, open("pipe_nvme.json", "w"), indent=2)
 PY
 "${mpirun[@]}" -np 2 "$zt" --config cpu.json --steps 30 --metrics cpu.jsonl > cpu.log 2>&1 || { cat cpu.log; fail "run with offload_param cpu failed"; }
 "${mpirun[@]}" -np 2 "$zt" --config nvme.json --steps 30 --metrics nvme.jsonl > nvme.log 2>&1 || { cat nvme.log; fail "run with offload_param nvme failed"; }
+grep -q "parameters offloaded to NVMe" nvme.log || { cat nvme.log; fail "the start-up line does not say NVMe"; }
 python3 "$src/tests/cli/compare_losses.py" cpu.jsonl nvme.jsonl 1 30 0
 if grep -q "offload_param.*not implemented" nvme.log; then cat nvme.log; fail "offload_param nvme is still reported as not implemented"; fi
 [ ! -e "$work/nvme/zero-swap" ] || { ls -R "$work/nvme"; fail "swap files left behind"; }
@@ -47,5 +48,5 @@ python3 "$src/tests/cli/compare_losses.py" pipe_cpu.jsonl pipe_nvme.jsonl 1 20 0
 rc=0
 "${mpirun[@]}" -np 2 "$zt" --config missing.json --steps 3 > missing.log 2>&1 || rc=$?
 [ "$rc" = 1 ] || { cat missing.log; fail "a missing nvme_path exited $rc, not 1"; }
-grep -q "$work/nvme/missing" missing.log || { cat missing.log; fail "the error does not name the missing nvme_path"; }
+grep -q "starting the engine (model state, NVMe swap files): nvme_path .$work/nvme/missing. does not exist" missing.log || { cat missing.log; fail "the error does not name the missing nvme_path"; }
 echo "parameters on nvme: ok"
