@@ -279,7 +279,9 @@ class Engine {
   ModelStateBytes expected_model_state() const;
   // With offload: the model state in host memory (ledger: host column), by the same categories:
   //   parameters  e Psi_o (the updated 16-bit shard on its way up) + with offload_param the
-  //               partitioned groups' shards
+  //               partitioned groups' shards (on NVMe: those kept under param_max_in_cpu, plus
+  //               the swap buffers, min(param_buffer_count, shards on the drive) x the largest
+  //               of those shards rounded up to 4096 bytes)
   //   gradients   e Psi_o (the reduced shard as it lands) + 4 Psi_o (fp32 accumulator, stage 2/3
   //               with accumulation)
   //   master      4 Psi_o; optimizer 8 Psi_o        (Psi_o = Psi_p / N, this rank's shard)

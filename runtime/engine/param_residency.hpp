@@ -66,7 +66,7 @@ class ParamResidency {
   void flush() { if (swap_) swap_->flush(); }
   // The parameter tier on the drive (zeros without it).
   ParamNvmeCounters nvme_counters() const { return swap_ ? swap_->counters() : ParamNvmeCounters{}; }
-  // offload_param: the host shard of partitioned group g.
+  // offload_param: the host shard of partitioned group g (empty when it is on the drive).
   offload::HostBuffer& host_shard(int g) { return h_shard_[static_cast<size_t>(g)]; }
 
   // The Units' order for stage 3's prefetching and releasing: one entry per Unit pass of a step.
