@@ -87,10 +87,11 @@ void ParamSwap::read_ahead(const std::vector<int>& next) {
   }
 }
 
-offload::HostBuffer& ParamSwap::acquire(int g) {
+int ParamSwap::bring(int g, bool count) {
   ZERO_REQUIRE(holds(g), "engine: group " + std::to_string(g) + " has no parameter shard on the drive");
   int i = find(g);
-  if (i < 0) {  // not read ahead: read it now
+  const bool fresh = i < 0;
+  if (fresh) {  // not read ahead: read it now
     i = take(nullptr);
     ZERO_REQUIRE(i >= 0, "engine: every NVMe parameter buffer is held (a ParamSwap misuse)");
     Buffer& b = bufs_[static_cast<size_t>(i)];
@@ -100,9 +101,15 @@ offload::HostBuffer& ParamSwap::acquire(int g) {
     b.group = g;
   }
   Buffer& b = bufs_[static_cast<size_t>(i)];
+  if (count) ++(fresh || (b.state == State::reading && !store_.engine().ready(b.io)) ? waited_uses_ : ready_uses_);
   if (b.state == State::reading) settle(b);  // a writing buffer's bytes are already the new ones
-  b.held = true;
   b.used = ++tick_;
+  return i;
+}
+
+offload::HostBuffer& ParamSwap::acquire(int g) {
+  Buffer& b = bufs_[static_cast<size_t>(bring(g, true))];
+  b.held = true;
   return b.mem;
 }
 
@@ -138,12 +145,10 @@ void ParamSwap::store(int g, const void* src, size_t bytes) {
 }
 
 unsigned char* ParamSwap::stage(int g) {
-  offload::HostBuffer& m = acquire(g);
-  Buffer& b = bufs_[static_cast<size_t>(find(g))];
+  Buffer& b = bufs_[static_cast<size_t>(bring(g, false))];
   if (b.state == State::writing) settle(b);  // no change under a write in flight
-  b.held = false;
   b.state = State::staged;
-  return static_cast<unsigned char*>(m.data());
+  return static_cast<unsigned char*>(b.mem.data());
 }
 
 void ParamSwap::flush() {
@@ -167,6 +172,8 @@ ParamNvmeCounters ParamSwap::counters() const {
   c.bytes_read = read_;
   c.bytes_written = written_;
   c.host_buffer_bytes = buffer_bytes_ * bufs_.size();
+  c.ready_uses = ready_uses_;
+  c.waited_uses = waited_uses_;
   return c;
 }
 

@@ -42,6 +42,10 @@ struct ParamNvmeCounters {
   uint64_t bytes_read = 0;      // since construction
   uint64_t bytes_written = 0;   // since construction
   uint64_t host_buffer_bytes = 0;  // the swap buffers in host memory
+  // Copy-ups that found their shard in a buffer, ready (read ahead, or still there), and those
+  // that waited for a read (not read ahead, or not finished yet): the read-ahead's hit rate.
+  uint64_t ready_uses = 0;
+  uint64_t waited_uses = 0;
 };
 
 class ParamSwap {
@@ -78,6 +82,9 @@ class ParamSwap {
   };
   static std::string name(int g) { return "param-g" + std::to_string(g); }
   int find(int g) const;                 // the buffer holding g, or -1
+  // The buffer holding g's shard, read now if it is not there, the read waited for; `count`: a
+  // copy-up (ready_uses / waited_uses).
+  int bring(int g, bool count);
   void settle(Buffer& b);                // waits for its request; staged -> written and clean
   // A buffer to put a group into: free, else the least recently used one not held and, when
   // `keep` is given, holding no group in it. -1 when none (only with `keep`).
@@ -89,6 +96,7 @@ class ParamSwap {
   size_t buffer_bytes_ = 0;
   uint64_t tick_ = 0;
   uint64_t read_ = 0, written_ = 0;
+  uint64_t ready_uses_ = 0, waited_uses_ = 0;
 };
 
 }  // namespace zero::engine
