@@ -113,7 +113,9 @@ SwapStore::~SwapStore() {
     ::close(lock_fd_);  // releases the flock
   }
   ::rmdir(dir_.c_str());                      // fails harmlessly if someone put files there
-  if (made_parent_) ::rmdir(parent_.c_str());  // fails harmlessly while other ranks use it
+  // zero-swap goes with the last store to leave, whoever made it (fails harmlessly while other
+  // ranks use it): the rank that made it often finishes first.
+  ::rmdir(parent_.c_str());
 }
 
 void SwapStore::create(const std::string& name, size_t bytes) {

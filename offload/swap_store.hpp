@@ -18,8 +18,8 @@
 // Exclusive use: the rank directory is locked (flock on .lock) for the store's life; a second
 // store on the same directory -- another job given the same nvme_path -- is an error.
 //
-// Removal and crashes: the destructor deletes the files, the lock and the directories it made
-// (when empty). A process that dies without running destructors (SIGKILL, a crash, an abort)
+// Removal and crashes: the destructor deletes the files, the lock, its rank directory and, once
+// empty, zero-swap (whichever store leaves last). A process that dies without running destructors (SIGKILL, a crash, an abort)
 // leaves its files behind; the next store on the same nvme_path and rank deletes such left-over
 // *.swp files at construction (the lock proves their owner is gone) and says so. Until then
 // they use space: `rm -r <nvme_path>/zero-swap` removes them by hand.

@@ -259,7 +259,8 @@ struct OffloadOptimizer {
   bool enabled() const noexcept { return device != OffloadDevice::none; }
 };
 
-// "zero_optimization.offload_param" (stage 3 only): the 16-bit parameter shards on the host.
+// "zero_optimization.offload_param" (stage 3 only): the 16-bit parameter shards on the host, or
+// with "nvme" in files under nvme_path beyond max_in_cpu elements (docs/nvme-offload.md).
 struct OffloadParam {
   OffloadDevice device = OffloadDevice::none;  // none, cpu or nvme; stage 3 only
   std::optional<std::string> nvme_path;        // nvme only
@@ -309,7 +310,7 @@ struct Zero {
   bool log_trace_cache_warnings = false;               // stage-3 trace cache logging
 };
 
-// "aio": the NVMe swapper's async I/O. Accepted; no effect until NVMe offload exists.
+// "aio": the NVMe swapper's async I/O (parameters on NVMe; optimizer state on NVMe not yet).
 struct Aio {
   long long block_size = 1'048'576;     // bytes per I/O request
   long long queue_depth = 8;            // requests in flight

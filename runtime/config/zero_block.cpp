@@ -114,8 +114,10 @@ void check_offload(Reader& io, const Zero& z, const std::string& optimizer_origi
         io.session().error(io.path_of(block) + ".nvme_path",
                            "missing: device \"nvme\" needs nvme_path, a directory on a fast "
                            "local drive");
-      io.session().warn(at, "accepted but not implemented yet: NVMe offload runs as cpu "
-                            "offload (the states stay in host RAM)");
+      // Parameters on NVMe are swapped (docs/nvme-offload.md); optimizer state not yet.
+      if (!param)
+        io.session().warn(at, "accepted but not implemented yet: NVMe offload runs as cpu "
+                              "offload (the states stay in host RAM)");
     }
   };
   check("offload_optimizer", z.offload_optimizer.device, z.offload_optimizer.nvme_path,

@@ -63,6 +63,16 @@ Engine::Engine(Model& model, Device& device, Stream& compute, coll::Communicator
   x.off_param = x.o.offload_param;
   s.spec = x.off && x.o.speculative_host_step;
   if (x.off) s.host = std::make_unique<engine::HostOffload>(x, x.o.pin);
+  if (x.off_param && !x.o.param_nvme_path.empty()) {
+    // One directory per process (zero-swap/rank<r>): r counts every rank of the grid, not just
+    // the data-parallel one, since pipeline stages and tensor ranks of a node share the drive.
+    const int T = x.tensor.active() ? x.tensor.comm->size() : 1;
+    const int t = x.tensor.active() ? x.tensor.comm->rank() : 0;
+    const int stage = x.place.active() ? x.place.stage : 0;
+    s.nvme_io = std::make_unique<offload::AioEngine>(x.o.aio);
+    s.nvme_store = std::make_unique<offload::SwapStore>(*s.nvme_io, x.o.param_nvme_path,
+                                                        (stage * T + t) * x.world + x.rank);
+  }
   std::vector<bool> checkpoint = checkpoint_plan(model, x.o.number_checkpoints);
   x.adam = std::make_unique<optim::HostAdam>(x.o.host_threads);
   x.kern = make_state_kernels(device, compute, *x.adam);

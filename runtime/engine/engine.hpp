@@ -62,10 +62,12 @@
 
 #include "collectives/communicator.hpp"
 #include "offload/copy_engine.hpp"
+#include "offload/aio_options.hpp"
 #include "offload/host_memory.hpp"
 #include "optim/adam.hpp"
 #include "optim/loss_scaler.hpp"
 #include "core/unit.hpp"
+#include "runtime/engine/param_swap.hpp"
 #include "runtime/engine/partition.hpp"
 #include "runtime/pipeline/schedule.hpp"
 
@@ -117,6 +119,17 @@ struct EngineOptions {
   // memory and are copied up ahead of their all-gather.
   bool offload_optimizer = false;
   bool offload_param = false;
+  // offload_param on NVMe (device "nvme"; docs/nvme-offload.md "Parameters on NVMe"): non-empty,
+  // the partitioned shards past the first param_max_in_cpu elements (group order) live in files
+  // under <param_nvme_path>/zero-swap/rank<r>/, read through at most param_buffer_count pinned
+  // buffers of at most param_buffer_size elements (a shard larger than that is refused) ahead
+  // of their all-gather and written back after each optimizer step. Bitwise the same training
+  // as offload_param on the host. `aio`: the file engine's settings (the config's "aio" block).
+  std::string param_nvme_path;
+  int param_buffer_count = 5;
+  int64_t param_buffer_size = 100'000'000;
+  int64_t param_max_in_cpu = 1'000'000'000;
+  offload::AioOptions aio;
   offload::PinPolicy pin = offload::PinPolicy::preferred;
   int host_threads = 0;  // AdamW's oneTBB threads (offload/thread_budget.hpp); 0 = the default
   // offload_optimizer: run each group's host AdamW as soon as its final gradient has landed,
@@ -266,7 +279,9 @@ class Engine {
   ModelStateBytes expected_model_state() const;
   // With offload: the model state in host memory (ledger: host column), by the same categories:
   //   parameters  e Psi_o (the updated 16-bit shard on its way up) + with offload_param the
-  //               partitioned groups' shards
+  //               partitioned groups' shards (on NVMe: those kept under param_max_in_cpu, plus
+  //               the swap buffers, min(param_buffer_count, shards on the drive) x the largest
+  //               of those shards rounded up to 4096 bytes)
   //   gradients   e Psi_o (the reduced shard as it lands) + 4 Psi_o (fp32 accumulator, stage 2/3
   //               with accumulation)
   //   master      4 Psi_o; optimizer 8 Psi_o        (Psi_o = Psi_p / N, this rank's shard)
@@ -278,6 +293,9 @@ class Engine {
   // Bytes the offload path moved since construction (D2H: gradients; H2D: updated parameters,
   // and with offload_param the shards ahead of their all-gathers). Zero without offload.
   offload::CopyCounters offload_traffic() const;
+  // offload_param on NVMe: bytes of parameter shards on the drive, read and written since
+  // construction, and the swap buffers' host bytes (zeros without it).
+  engine::ParamNvmeCounters param_nvme_counters() const;
   // The most bytes the pooled transient buffers (ledger: comm_buffers) can reach, from the
   // partition and the communication options above.
   size_t transient_bound() const;

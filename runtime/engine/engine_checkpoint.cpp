@@ -296,6 +296,7 @@ void Engine::State::install(const EnginePieces& ep, const float* master_vals, co
     x.upload_as(params.working(g, pc.shard_offset), x.dtype, master_vals + k, pc.count, params.shard_on_host(g));
     k += pc.count;
   }
+  params.flush();  // shards on NVMe: the new values on the drive
   // Whole groups: every rank wrote its shard; gather them (stage 0: every rank wrote all).
   params.gather_whole_now();
   if (x.o.stage == 3) params.prefetch(0);

@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "offload/aio_engine.hpp"
+#include "offload/swap_store.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/engine/context.hpp"
 #include "runtime/engine/engine.hpp"
@@ -73,6 +75,11 @@ struct Engine::State {
   engine::Context x;
   // Declared before `params`: the offloaded parameter shards are its host memory.
   std::unique_ptr<engine::HostOffload> host;  // offload_optimizer only
+  // offload_param on NVMe: the file engine and the swap store of the parameter shards (before
+  // `params`, whose swap buffers use them). The store locks its rank directory, so a second
+  // NVMe tier on the same nvme_path has to share this store rather than open its own.
+  std::unique_ptr<offload::AioEngine> nvme_io;
+  std::unique_ptr<offload::SwapStore> nvme_store;
   engine::ParamResidency params;
   engine::GradReduction grads;
   std::unique_ptr<engine::OptimizerStep> opt;

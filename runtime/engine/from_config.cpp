@@ -1,7 +1,9 @@
 #include "runtime/engine/from_config.hpp"
 
+#include <algorithm>
 #include <memory>
 
+#include "runtime/config/to_offload.hpp"
 #include "runtime/config/to_optim.hpp"
 
 namespace zero {
@@ -52,9 +54,18 @@ EngineOptions engine_options(const config::Config& c) {
   o.max_live_parameters = c.zero.stage3_max_live_parameters;
   o.param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
   o.timers = c.wall_clock_breakdown;
-  // NVMe offload is accepted by the config reader and runs as cpu offload (warned there).
+  // Optimizer state on NVMe is accepted by the config reader and runs as cpu offload (warned
+  // there); parameters on NVMe are swapped (param_nvme_path).
   o.offload_optimizer = c.zero.offload_optimizer.enabled();
   o.offload_param = c.zero.offload_param.enabled();
+  if (c.zero.offload_param.device == config::OffloadDevice::nvme) {
+    const config::OffloadParam& op = c.zero.offload_param;
+    o.param_nvme_path = op.nvme_path.value_or("");
+    o.param_buffer_count = static_cast<int>(std::min<long long>(op.buffer_count, 1 << 20));
+    o.param_buffer_size = op.buffer_size;
+    o.param_max_in_cpu = op.max_in_cpu;
+    o.aio = config::to_aio_options(c.aio);
+  }
   const bool pin = (!o.offload_optimizer || c.zero.offload_optimizer.pin_memory) &&
                    (!o.offload_param || c.zero.offload_param.pin_memory);
   o.pin = pin ? offload::PinPolicy::preferred : offload::PinPolicy::off;

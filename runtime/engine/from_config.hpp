@@ -20,7 +20,11 @@
 //   zero_optimization.stage3_param_persistence_threshold   param_persistence_threshold
 //   wall_clock_breakdown                            timers
 //   zero_optimization.offload_optimizer.device      offload_optimizer (cpu; nvme runs as cpu)
-//   zero_optimization.offload_param.device          offload_param
+//   zero_optimization.offload_param.device          offload_param; "nvme": param_nvme_path
+//   offload_param.nvme_path, buffer_count, buffer_size, max_in_cpu (nvme)
+//                                                   param_nvme_path, param_buffer_count,
+//                                                   param_buffer_size, param_max_in_cpu
+//   aio.* (with offload_param nvme)                 aio (config::to_aio_options)
 //   offload_*.pin_memory                            pin: preferred (true) or off (false)
 //   zero_train.weight_decay_applies_to              weight_decay_all ("all"; "matrices": false)
 //

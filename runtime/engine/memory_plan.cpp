@@ -40,8 +40,21 @@ Engine::ModelStateBytes Engine::State::host_state(bool second_bank) const {
   const size_t owned = static_cast<size_t>(x.owned_total);
   const size_t e = size_of(x.dtype);
   b.parameters = e * owned;
-  for (int g = 0; g < x.part.group_count() && x.off_param; ++g)
-    if (!params.whole(g)) b.parameters += e * static_cast<size_t>(x.part.group(g).shard_numel);
+  // Partitioned shards in host RAM; those on NVMe take the swap buffers instead (ParamResidency:
+  // at most buffer_count of them, each as large as the largest shard on the drive, padded).
+  size_t on_drive = 0, largest = 0;
+  for (int g = 0; g < x.part.group_count() && x.off_param; ++g) {
+    if (params.whole(g)) continue;
+    const size_t shard = e * static_cast<size_t>(x.part.group(g).shard_numel);
+    if (!params.shard_on_drive(g)) {
+      b.parameters += shard;
+    } else {
+      ++on_drive;
+      largest = std::max(largest, shard);
+    }
+  }
+  if (on_drive > 0)
+    b.parameters += std::min(on_drive, static_cast<size_t>(x.o.param_buffer_count)) * offload::SwapStore::padded(largest);
   b.gradients = e * owned + (x.host_fp32_acc() ? 4 * owned : 0);
   const size_t banks = second_bank ? 2 : 1;  // the speculative step's second copy
   b.master = 4 * owned * banks;
@@ -104,6 +117,8 @@ Engine::ModelStateBytes Engine::expected_host_state() const { return s_->host_st
 offload::CopyCounters Engine::offload_traffic() const {
   return s_->host ? s_->host->counters() : offload::CopyCounters{};
 }
+
+engine::ParamNvmeCounters Engine::param_nvme_counters() const { return s_->params.nvme_counters(); }
 
 // The pools hold, per size class s (groups of padded size s, `count` of them), as many buffers
 // as were ever in use at once:

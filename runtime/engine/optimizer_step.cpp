@@ -140,7 +140,8 @@ void OptimizerStep::adam_group(int g, const optim::AdamStep& as, const optim::Ad
     hp.weight_decay = decays ? base.weight_decay : 0.0f;
     const size_t k = static_cast<size_t>(pc.shard_offset);
     unsigned char* working;
-    if (!host_ || (params_.shard_on_host(g) && !ahead))
+    // (A shard on NVMe gets its new copy in `out` too: apply() stores it from there.)
+    if (!host_ || (params_.shard_on_host(g) && !params_.shard_on_drive(g) && !ahead))
       working = params_.working(g, pc.shard_offset);
     else
       working = host_->out(g) + k * e;
@@ -267,11 +268,11 @@ StepStats OptimizerStep::apply(double loss) {
       adam_group(g, as, hp);
     } else {
       host_->wait_adam(g);
-      if (ahead[gi]) {  // keep it: the other bank is now the state
-        bank_[gi] ^= 1;
-        if (params_.shard_on_host(g))  // the shard's new working copy, from where it was written
-          std::memcpy(params_.working(g, 0), host_->out(g), bytes);
-      }
+      if (ahead[gi]) bank_[gi] ^= 1;  // keep it: the other bank is now the state
+      if (params_.shard_on_drive(g))  // the new working copy back to the drive
+        params_.store_shard(g, host_->out(g), bytes);
+      else if (params_.shard_on_host(g) && ahead[gi])  // from where it was written
+        std::memcpy(params_.working(g, 0), host_->out(g), bytes);
       if (!params_.shard_on_host(g)) host_->copy_up(g, params_.working(g, 0), bytes);
     }
     // Every rank updated its shard of a whole group's working parameters: gather them in place,

@@ -1,5 +1,6 @@
 #include "runtime/engine/param_residency.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "core/error.hpp"
@@ -14,15 +15,53 @@ void ParamResidency::plan() {
   work_.resize(G);
   gathered_.resize(G);
   gathering_.resize(G);
+  drive_.assign(G, false);
+  if (!x_.off_param || x_.o.param_nvme_path.empty()) return;
+  // DeepSpeed's max_in_cpu: up to that many elements of shards stay in host RAM (the first
+  // groups, in group order); the rest go to the drive, each within one swap buffer.
+  int64_t in_cpu = 0;
+  for (size_t g = 0; g < G; ++g) {
+    if (whole_[g]) continue;
+    const Partition::Group& grp = x_.part.group(static_cast<int>(g));
+    if (in_cpu + grp.shard_numel <= x_.o.param_max_in_cpu) {
+      in_cpu += grp.shard_numel;
+      continue;
+    }
+    ZERO_REQUIRE(grp.shard_numel <= x_.o.param_buffer_size,
+                 "engine: parameter group " + std::to_string(g) + " (" +
+                     x_.model.params[static_cast<size_t>(grp.params.front())].name + ", ...) has a shard of " +
+                     std::to_string(grp.shard_numel) + " elements on this rank, more than "
+                     "zero_optimization.offload_param.buffer_size (" + std::to_string(x_.o.param_buffer_size) +
+                     "): a shard is read from the drive into one swap buffer. Raise buffer_size to at "
+                     "least " + std::to_string(grp.shard_numel) + " or use more ranks");
+    drive_[g] = true;
+  }
 }
 
-void ParamResidency::allocate(offload::HostMemory* host, offload::CopyEngine* copies) {
+void ParamResidency::allocate(offload::HostMemory* host, offload::CopyEngine* copies, offload::SwapStore* store) {
   copies_ = copies;
+  // The swap buffers: no more than there are groups on the drive, and no larger than the
+  // largest of their shards (buffer_size is a bound, DeepSpeed's default 1e8 elements).
+  int on_drive = 0;
+  int64_t largest = 0;
+  for (int g = 0; g < x_.part.group_count(); ++g)
+    if (shard_on_drive(g)) {
+      ++on_drive;
+      largest = std::max(largest, x_.part.group(g).shard_numel);
+    }
+  if (on_drive > 0) {
+    ZERO_REQUIRE(store, "engine: parameters on NVMe need the swap store (a ParamResidency misuse)");
+    swap_ = std::make_unique<ParamSwap>(*store, *host, std::min(x_.o.param_buffer_count, on_drive),
+                                        static_cast<size_t>(largest) * x_.esize());
+  }
   const ScalarType st = scalar_type(x_.dtype);
   for (int g = 0; g < x_.part.group_count(); ++g) {
     const Partition::Group& grp = x_.part.group(g);
     const size_t gi = static_cast<size_t>(g);
-    if (shard_on_host(g)) {  // the shard lives on the host
+    if (shard_on_drive(g)) {  // the shard lives in a file
+      h_shard_.emplace_back();
+      swap_->add(g, static_cast<size_t>(grp.shard_numel) * x_.esize());
+    } else if (shard_on_host(g)) {  // the shard lives on the host
       h_shard_.push_back(host->allocate(static_cast<size_t>(grp.shard_numel) * x_.esize(), MemCategory::parameters));
     } else {
       h_shard_.emplace_back();
@@ -34,6 +73,7 @@ void ParamResidency::allocate(offload::HostMemory* host, offload::CopyEngine* co
 
 unsigned char* ParamResidency::working(int g, int64_t k) {
   const size_t gi = static_cast<size_t>(g);
+  if (shard_on_drive(g)) return swap_->stage(g) + static_cast<size_t>(k) * x_.esize();
   if (shard_on_host(g)) return static_cast<unsigned char*>(h_shard_[gi].data()) + static_cast<size_t>(k) * x_.esize();
   return x_.at(work_[gi], work_owned_begin(g) + k, x_.esize());
 }
@@ -71,7 +111,15 @@ void ParamResidency::gather_group(int g) {
     // in place from there. The host waits for the copy: on cuda a DMA of 1/N of the group.
     unsigned char* mine = x_.at(gathered_[gi], x_.owned_begin[gi], x_.esize());
     const double t0 = now_seconds();
-    copies_->to_device(mine, h_shard_[gi], 0, static_cast<size_t>(grp.shard_numel) * x_.esize(), after).wait();
+    const size_t bytes = static_cast<size_t>(grp.shard_numel) * x_.esize();
+    if (shard_on_drive(g)) {  // from its swap buffer (read ahead, or now)
+      offload::HostBuffer& from = swap_->acquire(g);
+      copies_->to_device(mine, from, 0, bytes, after).wait();
+      swap_->release(g);
+      read_ahead();
+    } else {
+      copies_->to_device(mine, h_shard_[gi], 0, bytes, after).wait();
+    }
     x_.timers.h2d += now_seconds() - t0;
     send = mine;
     after = nullptr;
@@ -103,6 +151,8 @@ void ParamResidency::use(int unit) {
 // gathered at once. Stops at the first Unit that does not fit, so what is gathered ahead is
 // always a prefix of what comes next.
 void ParamResidency::prefetch(size_t from) {
+  pos_ = from;
+  read_ahead();
   if (x_.o.prefetch_bucket_size <= 0) return;
   int64_t budget = x_.o.prefetch_bucket_size;
   std::vector<bool> counted(gathered_.size(), false);
@@ -129,6 +179,7 @@ void ParamResidency::prefetch(size_t from) {
 // the finished Unit was given own nothing and its ops may still be queued: wait for the compute
 // stream first (this is also the engine's one-Unit bound on how far the host runs ahead).
 void ParamResidency::release_after(size_t pos) {
+  pos_ = pos + 1;
   x_.compute_point()->synchronize();
   std::vector<bool> keep(gathered_.size(), false);
   for (size_t q = pos + 1; q < order_.size(); ++q) {
@@ -143,6 +194,7 @@ void ParamResidency::release_after(size_t pos) {
       live_elems_ -= x_.part.group(static_cast<int>(g)).padded_numel;
       pool_.give(gathered_[g]);
     }
+  read_ahead();
 }
 
 void ParamResidency::release_all() {
@@ -178,7 +230,22 @@ void ParamResidency::wait_gathers() {
   for (coll::Work& w : gathering_) w.wait();
 }
 
+// The shards on the drive the next Units need and do not have gathered, in the order they need
+// them, as many as there are swap buffers; never past the step's end (the optimizer step will
+// change every shard).
+void ParamResidency::read_ahead() {
+  if (!swap_) return;
+  std::vector<int> next;
+  const size_t room = static_cast<size_t>(std::min(x_.o.param_buffer_count, x_.part.group_count()));
+  for (size_t q = pos_; q < order_.size() && next.size() < room; ++q)
+    for (int g : x_.part.unit_groups(order_[q]))
+      if (shard_on_drive(g) && !present(g) && std::find(next.begin(), next.end(), g) == next.end())
+        next.push_back(g);
+  swap_->read_ahead(next);
+}
+
 void ParamResidency::quiesce() noexcept {
+  if (swap_) swap_->quiesce();
   for (coll::Work& w : gathering_) {
     try { w.wait(); } catch (...) {}
     w = coll::Work();

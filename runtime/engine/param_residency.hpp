@@ -10,8 +10,15 @@
 //     at most max_live_parameters are gathered, and released after use unless the next Unit in
 //     the order uses it too.
 //
+// offload_param on NVMe (EngineOptions::param_nvme_path): partitioned groups past the first
+// param_max_in_cpu shard elements (group order) keep their shard in a file instead
+// (ParamSwap): read into a swap buffer ahead of the copy-up, in the order Units will need them,
+// and written back when the optimizer step stores the new shard (store_shard). working() of such
+// a group stages the shard in a buffer (set-up, checkpoint loads); flush() writes it back.
+//
 // Called by the schedule (use, prefetch, release_after, release_all, views), by the optimizer
-// step (working, gather_whole) and by checkpoints (wait_gathers, release_all).
+// step (working, store_shard, gather_whole) and by checkpoints (wait_gathers, release_all,
+// working, flush).
 //
 // Ownership and threading: owns the working buffers, the pooled gathered buffers and, with
 // offload_param, the host shards (from HostOffload's memory, which outlives them). Only the
@@ -21,11 +28,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "offload/copy_engine.hpp"
 #include "offload/host_memory.hpp"
 #include "runtime/engine/context.hpp"
+#include "runtime/engine/param_swap.hpp"
 
 namespace zero::engine {
 
@@ -36,8 +45,9 @@ class ParamResidency {
   // Which groups are whole (needed by the memory plan, before anything is allocated).
   void plan();
   // The working buffers (zeros) or, with offload_param, the host shards (from `host`); `copies`
-  // brings those up before their all-gather.
-  void allocate(offload::HostMemory* host, offload::CopyEngine* copies);
+  // brings those up before their all-gather. `store`: the swap files of the shards on NVMe (null
+  // without param_nvme_path); it must outlive this.
+  void allocate(offload::HostMemory* host, offload::CopyEngine* copies, offload::SwapStore* store = nullptr);
 
   bool whole(int g) const { return whole_[static_cast<size_t>(g)]; }
   // Where this rank's owned range of group g starts in its working buffer.
@@ -48,7 +58,15 @@ class ParamResidency {
   // The working buffer of group g (full when whole, else this rank's device shard).
   const Tensor& work(int g) const { return work_[static_cast<size_t>(g)]; }
   bool shard_on_host(int g) const { return x_.off_param && !whole(g); }
-  // offload_param: the host shard of partitioned group g.
+  // offload_param on NVMe: group g's shard lives on the drive (decided by plan()).
+  bool shard_on_drive(int g) const { return !drive_.empty() && drive_[static_cast<size_t>(g)]; }
+  // The optimizer step's new shard of a group on the drive: written back (asynchronously).
+  void store_shard(int g, const void* src, size_t bytes) { swap_->store(g, src, bytes); }
+  // Shards staged through working() go to the drive; every write has finished.
+  void flush() { if (swap_) swap_->flush(); }
+  // The parameter tier on the drive (zeros without it).
+  ParamNvmeCounters nvme_counters() const { return swap_ ? swap_->counters() : ParamNvmeCounters{}; }
+  // offload_param: the host shard of partitioned group g (empty when it is on the drive).
   offload::HostBuffer& host_shard(int g) { return h_shard_[static_cast<size_t>(g)]; }
 
   // The Units' order for stage 3's prefetching and releasing: one entry per Unit pass of a step.
@@ -80,6 +98,8 @@ class ParamResidency {
   void quiesce() noexcept;
 
  private:
+  // Starts reading the shards on the drive the Units from order[pos_] on will need.
+  void read_ahead();
   bool present(int g) const { return whole_[static_cast<size_t>(g)] || gathered_[static_cast<size_t>(g)]; }
   void gather_group(int g);
 
@@ -91,7 +111,10 @@ class ParamResidency {
   // The all-gather filling gathered_[g] (stage 3) or, after the optimizer step, work_[g] (whole
   // groups at stage 1-3); a Unit reading the group waits for it first.
   std::vector<coll::Work> gathering_;
-  std::vector<offload::HostBuffer> h_shard_;  // offload_param: partitioned groups' shards
+  std::vector<offload::HostBuffer> h_shard_;  // offload_param: partitioned groups' shards (RAM)
+  std::vector<bool> drive_;        // offload_param on NVMe: the shard is in a file instead
+  std::unique_ptr<ParamSwap> swap_;
+  size_t pos_ = 0;                 // stage 3: where in order_ the step is (read-ahead start)
   std::vector<int> order_;         // stage 3: Units in the order the step runs them
   int64_t live_elems_ = 0;         // stage 3: elements gathered (present or in flight), not whole
   Pool pool_;

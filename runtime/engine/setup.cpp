@@ -35,6 +35,14 @@ void check_engine_options(const EngineOptions& o) {
                "engine: zero_optimization.offload_param needs offload_optimizer too (the host "
                "optimizer writes the offloaded parameter shards): add offload_optimizer "
                "{\"device\": \"cpu\"}");
+  ZERO_REQUIRE(o.param_nvme_path.empty() || o.offload_param,
+               "engine: param_nvme_path is set but offload_param is off: set "
+               "zero_optimization.offload_param.device to \"nvme\"");
+  ZERO_REQUIRE(o.param_nvme_path.empty() || (o.param_buffer_count >= 1 && o.param_buffer_size >= 1 &&
+                                             o.param_max_in_cpu >= 0),
+               "engine: zero_optimization.offload_param.buffer_count and buffer_size must be >= 1 and "
+               "max_in_cpu >= 0 with device \"nvme\" (got " + std::to_string(o.param_buffer_count) + ", " +
+                   std::to_string(o.param_buffer_size) + ", " + std::to_string(o.param_max_in_cpu) + ")");
 }
 
 namespace {
@@ -57,7 +65,7 @@ void Engine::State::set_up() {
   x.plan_owned();
   params.plan();
   check_fits();
-  params.allocate(host ? &host->memory() : nullptr, host ? &host->copies() : nullptr);
+  params.allocate(host ? &host->memory() : nullptr, host ? &host->copies() : nullptr, nvme_store.get());
   grads.allocate();
   if (host) spec = host->allocate(spec);
   opt->allocate(spec);
@@ -86,6 +94,7 @@ void Engine::State::set_up() {
         opt->copy_state(master + pc.shard_offset, vals.data(), static_cast<size_t>(pc.count) * 4);
     }
   }
+  params.flush();  // shards on NVMe: the initial values on the drive
 
   schedule = engine::local_schedule(static_cast<int>(model.units.size()), x.o.gradient_accumulation_steps);
   if (x.o.stage == 3) {

@@ -65,7 +65,7 @@ void report_run(const Run& run, DeviceKind kind, const offload::ThreadBudget& bu
                 shape.n_layer, shape.n_embd, shape.n_head, shape.vocab_size,
                 static_cast<long long>(models::gpt_parameter_count(shape)), run.W, run.device->name().c_str(), o.stage,
                 o.offload_optimizer ? ", optimizer offloaded to host memory" : "",
-                o.offload_param ? ", parameters offloaded" : "",
+                !o.offload_param ? "" : o.param_nvme_path.empty() ? ", parameters offloaded" : ", parameters offloaded to NVMe",
                 std::string(to_string(o.param_type)).c_str(), c.batch.train_batch_size, run.B, run.GA, run.D,
                 run.D == run.W ? "ranks" : "data-parallel rank(s)", run.steps, c.seed, run.data.describe().c_str(), run.T);
   log::info(line);
@@ -225,7 +225,8 @@ int set_up_run(Run& run) {
                                                         : std::string("setting up the grid"),
                                  [&] { build_grid_run(run); }))
     return kExitFailure;
-  if (!on_all_ranks(world, "the model does not fit", [&] {
+  // With parameters on NVMe the engine also opens its swap directory (nvme_path's errors).
+  if (!on_all_ranks(world, o.param_nvme_path.empty() ? "the model does not fit" : "starting the engine (model state, NVMe swap files)", [&] {
         const TensorPlace tensor{run.tensor_counter.get()};
         if (run.pipe && run.pipe->stage)
           run.engine = std::make_unique<Engine>(run.pipe->stage->view.model, device, *run.stream,

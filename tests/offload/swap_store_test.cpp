@@ -119,6 +119,20 @@ TEST_CASE("swap files and directories are removed with the store", "[swap]") {
   CHECK(fs::is_empty(dir.path));
 }
 
+// Ranks sharing nvme_path: the one that made zero-swap may finish first; the last one removes it.
+TEST_CASE("zero-swap goes with the last store even when its maker leaves first", "[swap]") {
+  ScratchDir dir;
+  AioEngine io;
+  auto maker = std::make_unique<SwapStore>(io, dir.path, 0);
+  {
+    SwapStore other(io, dir.path, 1);
+    other.create("a", 100);
+    maker.reset();
+    CHECK(fs::exists(dir.path + "/zero-swap/rank1/a.swp"));
+  }
+  CHECK(fs::is_empty(dir.path));
+}
+
 TEST_CASE("ranks sharing nvme_path get their own directories", "[swap]") {
   ScratchDir dir;
   AioEngine io;
