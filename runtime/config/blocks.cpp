@@ -273,18 +273,16 @@ void visit(Io& io, Scheduler& s, const Config& c) {
 
 // ---- the rest of the blocks ---------------------------------------------------------------------
 
-// aio only configures the NVMe swapper, which runs as cpu offload for now: every key is accepted
-// and warned about when it is not the default.
+// aio configures the NVMe swapper (optimizer state on NVMe: runtime/engine/optimizer_swap.hpp);
+// GPUDirect Storage is not built.
 template <class Io>
 void visit(Io& io, Aio& a) {
-  io.key("block_size", a.block_size, {.min = 1, .not_implemented = true});
-  io.key("queue_depth", a.queue_depth, {.min = 1, .not_implemented = true});
+  io.key("block_size", a.block_size, {.min = 1});
+  io.key("queue_depth", a.queue_depth, {.min = 1});
   io.key("intra_op_parallelism", a.intra_op_parallelism,
-         {.min = 1,
-          .aliases = {{.name = "thread_count", .deprecated = true}},
-          .not_implemented = true});
-  io.key("single_submit", a.single_submit, {.not_implemented = true});
-  io.key("overlap_events", a.overlap_events, {.not_implemented = true});
+         {.min = 1, .aliases = {{.name = "thread_count", .deprecated = true}}});
+  io.key("single_submit", a.single_submit);
+  io.key("overlap_events", a.overlap_events);
   io.key("use_gds", a.use_gds, {.not_implemented = true});
 }
 

@@ -93,6 +93,7 @@ struct Engine::State {
   // (`second_bank`: with the speculative step's second copy of master, m and v).
   Engine::ModelStateBytes device_state() const;
   Engine::ModelStateBytes host_state(bool second_bank) const;
+  Engine::ModelStateBytes nvme_state() const;
   // Throws the ledger's OutOfMemory when the model state cannot fit the device's capacities,
   // before anything of it is allocated.
   void check_fits() const;

@@ -5,6 +5,7 @@
 
 #include <tbb/parallel_for.h>
 
+#include "core/world.hpp"
 #include "runtime/engine/engine_state.hpp"
 
 namespace zero {
@@ -35,6 +36,13 @@ void check_engine_options(const EngineOptions& o) {
                "engine: zero_optimization.offload_param needs offload_optimizer too (the host "
                "optimizer writes the offloaded parameter shards): add offload_optimizer "
                "{\"device\": \"cpu\"}");
+  ZERO_REQUIRE(!o.nvme.enabled() || o.offload_optimizer,
+               "engine: an NVMe path for the optimizer state needs offload_optimizer (set "
+               "zero_optimization.offload_optimizer.device to \"nvme\")");
+  ZERO_REQUIRE(!o.nvme.enabled() || o.nvme.buffer_count >= 1,
+               "engine: zero_optimization.offload_optimizer.buffer_count is " +
+                   std::to_string(o.nvme.buffer_count) +
+                   ": NVMe offload needs at least 1 swap buffer (2 or more to overlap I/O with AdamW)");
 }
 
 namespace {
@@ -59,7 +67,9 @@ void Engine::State::set_up() {
   check_fits();
   params.allocate(host ? &host->memory() : nullptr, host ? &host->copies() : nullptr);
   grads.allocate();
-  if (host) spec = host->allocate(spec);
+  // The swap directory is per process (rank<r> under nvme_path): the world rank, since a
+  // pipeline's or a tensor group's engines share a data-parallel rank.
+  if (host) spec = host->allocate(spec, World::initialized() ? World::get().rank() : x.rank);
   opt->allocate(spec);
   x.compute.synchronize();
 
@@ -87,6 +97,7 @@ void Engine::State::set_up() {
     }
   }
 
+  if (host && host->swap()) host->swap()->flush();  // the initial masters onto the drive
   schedule = engine::local_schedule(static_cast<int>(model.units.size()), x.o.gradient_accumulation_steps);
   if (x.o.stage == 3) {
     params.set_order(engine::unit_order(schedule));

@@ -341,10 +341,9 @@ TEST_CASE("aio.thread_count is the old name of intra_op_parallelism", "[aliases]
   INFO(all(r));
   REQUIRE(r.ok());
   CHECK(r.config.aio.intra_op_parallelism == 4);
-  // Two notes: the old name, and aio settings having no effect before NVMe offload exists.
+  // One note: the old name (the aio settings drive the NVMe swapper).
   CHECK(message_at(r, "aio.thread_count", Severity::warning) ==
-        "deprecated name; use 'aio.intra_op_parallelism' instead | accepted but not implemented "
-        "yet: 4 has no effect (runs as the default, 1)");
+        "deprecated name; use 'aio.intra_op_parallelism' instead");
   CHECK(message_at(parse_with(R"("aio": {"thread_count": 4, "intra_op_parallelism": 2})"),
                    "aio.thread_count") ==
         "is 4 but 'aio.intra_op_parallelism' (the same setting) is 2; keep only "

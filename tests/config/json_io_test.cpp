@@ -243,7 +243,7 @@ TEST_CASE("keys accepted but not implemented warn only when not the default", "[
          "optimizer": {"type": "Adam", "params": {"torch_adam": true}},
          "zero_optimization": {"stage": 3, "zero_quantized_weights": true, "mics_shard_size": 8,
            "offload_optimizer": {"device": "cpu", "fast_init": true, "ratio": 0.5}},
-         "aio": {"queue_depth": 32})");
+         "aio": {"use_gds": true})");
   INFO(all(r));
   CHECK(r.ok());
   CHECK(message_at(r, "fp16.auto_cast", Severity::warning) ==
@@ -255,7 +255,7 @@ TEST_CASE("keys accepted but not implemented warn only when not the default", "[
   for (const char* path :
        {"fp16.fp16_master_weights_and_grads", "bf16.immediate_grad_update",
         "optimizer.params.torch_adam", "zero_optimization.zero_quantized_weights",
-        "zero_optimization.offload_optimizer.fast_init", "aio.queue_depth"})
+        "zero_optimization.offload_optimizer.fast_init", "aio.use_gds"})
     CHECK_THAT(message_at(r, path, Severity::warning),
                ContainsSubstring("accepted but not implemented yet"));
   CHECK(count(r, Severity::warning) == 9);
