@@ -28,7 +28,7 @@ struct OptimizerSwap::Times {
 
 OptimizerSwap::OptimizerSwap(const NvmeOptimizerOptions& o, int rank, const std::vector<int64_t>& numel,
                              offload::HostMemory& memory)
-    : o_(o), numel_(numel), times_(std::make_unique<Times>()) {
+    : o_(o), numel_(numel), ledger_(memory.device().ledger()), times_(std::make_unique<Times>()) {
   ZERO_REQUIRE(o_.buffer_count >= 1,
                "zero_optimization.offload_optimizer.buffer_count is " + std::to_string(o_.buffer_count) +
                    ": NVMe offload needs at least 1 swap buffer (2 or more to overlap I/O with AdamW)");
@@ -52,11 +52,25 @@ OptimizerSwap::OptimizerSwap(const NvmeOptimizerOptions& o, int rank, const std:
     store_->create(file_name(g), group_bytes(g));
     write_now(g, access_.data());
   }
+  // The files in the ledger (the drive has no capacity there unless someone set one: the space
+  // was reserved on the drive itself already, so a refusal only leaves the files uncounted).
+  size_t master = 0, moments = 0;
+  for (int g = 0; g < G; ++g)
+    if (numel_[static_cast<size_t>(g)] > 0) {
+      master += segment(g);
+      moments += 2 * segment(g);
+    }
+  if (ledger_.try_reserve(MemSpace::nvme, MemCategory::master_weights, master)) ledger_master_ = master;
+  if (ledger_.try_reserve(MemSpace::nvme, MemCategory::optimizer_states, moments)) ledger_moments_ = moments;
   reader_ = make_cpu_stream("nvme-reader");
   writer_ = make_cpu_stream("nvme-writer");
 }
 
-OptimizerSwap::~OptimizerSwap() { quiesce(); }
+OptimizerSwap::~OptimizerSwap() {
+  quiesce();
+  ledger_.release(MemSpace::nvme, MemCategory::master_weights, ledger_master_);
+  ledger_.release(MemSpace::nvme, MemCategory::optimizer_states, ledger_moments_);
+}
 
 void OptimizerSwap::read_now(int g, void* buffer) {
   if (numel_[static_cast<size_t>(g)] == 0) return;

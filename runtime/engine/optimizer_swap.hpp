@@ -52,7 +52,9 @@ class OptimizerSwap {
  public:
   // Opens the file engine and the store (rank directory `rank`), makes one file per group of
   // `numel[g]` fp32 elements each (master, m, v), writes zeros to them, and allocates the slots
-  // and the access buffer from `memory` (MemCategory::optimizer_states).
+  // and the access buffer from `memory` (MemCategory::optimizer_states). The files are counted
+  // in the device's ledger, space nvme (master: master_weights; m, v: optimizer_states), until
+  // destruction.
   OptimizerSwap(const NvmeOptimizerOptions& o, int rank, const std::vector<int64_t>& numel,
                 offload::HostMemory& memory);
   ~OptimizerSwap();
@@ -93,6 +95,8 @@ class OptimizerSwap {
 
   NvmeOptimizerOptions o_;
   std::vector<int64_t> numel_;
+  MemoryLedger& ledger_;
+  size_t ledger_master_ = 0, ledger_moments_ = 0;  // reserved in space nvme
   std::unique_ptr<offload::AioEngine> engine_;
   std::unique_ptr<offload::SwapStore> store_;
   std::vector<offload::HostBuffer> slots_;

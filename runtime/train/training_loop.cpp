@@ -167,6 +167,7 @@ int train_steps(Run& run, const HeldOutSet& held_out, long long first_step) {
     };
     // The tensor communicator's bytes before the step (set-up and evaluation are not a step's).
     const double tensor_sent = run.tensor_counter ? run.tensor_counter->traffic().ring_bytes() : 0.0;
+    const Engine::NvmeTraffic nvme_before = engine.nvme_traffic();
     const StepStats st = run.pipe ? grid_train_step(run, load) : engine.step(load);
     const double dt_step = now_seconds() - t_step;
     ++since;
@@ -176,6 +177,10 @@ int train_steps(Run& run, const HeldOutSet& held_out, long long first_step) {
     double loss = st.loss / W;
     GridStep grid;
     if (run.tensor_counter) grid.tensor_bytes = run.tensor_counter->traffic().ring_bytes() - tensor_sent;
+    if (run.options.nvme.enabled()) {
+      const Engine::NvmeTraffic n = engine.nvme_traffic();
+      grid.nvme = GridStep::Nvme{.read = n.read - nvme_before.read, .written = n.written - nvme_before.written};
+    }
     if (run.pipe) {
       const PipelineStepFigures f = pipeline_step_figures(run, st);
       loss = f.loss;

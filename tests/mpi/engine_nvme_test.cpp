@@ -7,6 +7,7 @@
 // Bitwise: the swap changes where the floats wait between steps, not AdamW's arithmetic or its
 // order, so no tolerance anywhere.
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <cstring>
 #include <filesystem>
@@ -164,6 +165,13 @@ TEST_CASE("nvme offload: the state is in the files, one read and one write per g
   CHECK(drive.optimizer == 2 * drive.master);
   CHECK(host.master == 0);  // nothing of master, m, v in RAM but the swap buffers
   CHECK(host.optimizer % (3 * offload::kAioAlignment) == 0);  // 3 buffers of whole 4096-byte blocks
+  // The ledger's third space holds the files, the host only the swap buffers.
+  const LedgerSnapshot snap = t.dev->ledger().snapshot();
+  CHECK(snap.at(MemSpace::nvme, MemCategory::master_weights).current == drive.master);
+  CHECK(snap.at(MemSpace::nvme, MemCategory::optimizer_states).current == drive.optimizer);
+  CHECK(snap.at(MemSpace::host, MemCategory::master_weights).current == 0);
+  CHECK(snap.at(MemSpace::host, MemCategory::optimizer_states).current == host.optimizer);
+  CHECK_THAT(t.engine->memory_report(), Catch::Matchers::ContainsSubstring("optimizer state on NVMe"));
   t.run(0, 1);  // the first step also writes the initial masters (set-up's access buffer)
   const Engine::NvmeTraffic before = t.engine->nvme_traffic(true);
   t.run(1, 2);
