@@ -293,12 +293,13 @@ class Engine {
   // ((buffer_count + 1) x the largest group's 12 bytes per element). Zero without.
   ModelStateBytes expected_nvme_state() const;
   // The swap's traffic since construction: bytes read and written, its files' bytes, seconds
-  // of I/O, and the part the host optimizer thread waited for (I/O not hidden behind AdamW).
+  // of I/O (summed over requests; busy: wall time with any in flight), and the part the host
+  // optimizer thread waited for (I/O not hidden behind AdamW): hidden = 1 - exposed / busy.
   // Completed I/O only: the last groups' write-backs may still run into the next step, unless
   // `settle` waits for them first (exact per-step counts, at the cost of that overlap).
   struct NvmeTraffic {
     uint64_t read = 0, written = 0, on_drive = 0;
-    double io_seconds = 0, exposed_seconds = 0;
+    double io_seconds = 0, busy_seconds = 0, exposed_seconds = 0;
   };
   NvmeTraffic nvme_traffic(bool settle = false) const;
   // The most bytes the pooled transient buffers (ledger: comm_buffers) can reach, from the

@@ -136,6 +136,7 @@ Engine::NvmeTraffic Engine::nvme_traffic(bool settle) const {
   t.written = swap->bytes_written();
   t.on_drive = swap->bytes_on_drive();
   t.io_seconds = swap->io_seconds();
+  t.busy_seconds = swap->io_busy_seconds();
   t.exposed_seconds = swap->io_exposed_seconds();
   return t;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <mutex>
 
 #include "core/error.hpp"
 #include "runtime/engine/context.hpp"
@@ -22,8 +23,21 @@ int64_t ns_since(double t0) { return static_cast<int64_t>((now_seconds() - t0) *
 }  // namespace
 
 struct OptimizerSwap::Times {
-  std::atomic<int64_t> io_ns{0};       // reads and writes, wherever they ran
+  std::atomic<int64_t> io_ns{0};       // reads and writes, wherever they ran (overlaps summed)
   std::atomic<int64_t> exposed_ns{0};  // the optimizer thread waiting for a read or doing I/O
+  // Wall time with at least one read or write in flight (overlapping ones counted once).
+  std::mutex mu;
+  int in_flight = 0;
+  double busy_since = 0;
+  int64_t busy_ns = 0;
+  void begin() {
+    std::lock_guard lock(mu);
+    if (in_flight++ == 0) busy_since = now_seconds();
+  }
+  void end() {
+    std::lock_guard lock(mu);
+    if (--in_flight == 0) busy_ns += ns_since(busy_since);
+  }
 };
 
 OptimizerSwap::OptimizerSwap(const NvmeOptimizerOptions& o, int rank, const std::vector<int64_t>& numel,
@@ -75,14 +89,28 @@ OptimizerSwap::~OptimizerSwap() {
 void OptimizerSwap::read_now(int g, void* buffer) {
   if (numel_[static_cast<size_t>(g)] == 0) return;
   const double t0 = now_seconds();
-  engine_->wait(store_->read(file_name(g), buffer));
+  times_->begin();
+  try {
+    engine_->wait(store_->read(file_name(g), buffer));
+  } catch (...) {
+    times_->end();
+    throw;
+  }
+  times_->end();
   times_->io_ns += ns_since(t0);
 }
 
 void OptimizerSwap::write_now(int g, const void* buffer) {
   if (numel_[static_cast<size_t>(g)] == 0) return;
   const double t0 = now_seconds();
-  engine_->wait(store_->write(file_name(g), buffer));
+  times_->begin();
+  try {
+    engine_->wait(store_->write(file_name(g), buffer));
+  } catch (...) {
+    times_->end();
+    throw;
+  }
+  times_->end();
   times_->io_ns += ns_since(t0);
 }
 
@@ -164,6 +192,10 @@ void OptimizerSwap::quiesce() noexcept {
 }
 
 double OptimizerSwap::io_seconds() const { return static_cast<double>(times_->io_ns.load()) * 1e-9; }
+double OptimizerSwap::io_busy_seconds() const {
+  std::lock_guard lock(times_->mu);
+  return static_cast<double>(times_->busy_ns) * 1e-9;
+}
 double OptimizerSwap::io_exposed_seconds() const { return static_cast<double>(times_->exposed_ns.load()) * 1e-9; }
 
 }  // namespace zero::engine

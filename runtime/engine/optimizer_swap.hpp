@@ -81,9 +81,11 @@ class OptimizerSwap {
   // Host bytes of the slots and the access buffer.
   size_t buffer_bytes() const { return buffer_bytes_; }
   const std::string& directory() const { return store_->directory(); }
-  // Seconds the reader and writer spent in I/O, and the optimizer thread's part of it waiting
-  // for a read or doing unpipelined I/O (I/O not hidden behind AdamW), since construction.
+  // Seconds of I/O since construction: summed over reads and writes (overlapping ones each
+  // counted), the wall time with any of them in flight (busy), and the optimizer thread's time
+  // waiting for a read or doing unpipelined I/O (exposed: I/O not hidden behind AdamW).
   double io_seconds() const;
+  double io_busy_seconds() const;
   double io_exposed_seconds() const;
 
  private:
