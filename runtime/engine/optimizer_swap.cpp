@@ -62,6 +62,7 @@ OptimizerSwap::OptimizerSwap(const NvmeOptimizerOptions& o, int rank, const std:
   std::memset(access_.data(), 0, access_.bytes());
   for (int g = 0; g < G; ++g) {
     read_done_.push_back(make_cpu_event());
+    written_.push_back(make_cpu_event());
     if (numel_[static_cast<size_t>(g)] == 0) continue;  // nothing of g is this rank's
     store_->create(file_name(g), group_bytes(g));
     write_now(g, access_.data());
@@ -122,12 +123,17 @@ void OptimizerSwap::schedule(int g, Stream& optimizer, Event* adam_after, std::f
   unsigned char* slot = static_cast<unsigned char*>(slots_[s].data());
   Event& free = *slot_free_[s];
   Event& read = *read_done_[static_cast<size_t>(g)];
+  // g's file is read once g's last write-back (the previous step's, through whichever slot) is
+  // done, and the slot once its last group's write-back is.
+  Event& written = *written_[static_cast<size_t>(g)];
   if (o_.pipeline_read) {
     reader_->wait(free);
+    reader_->wait(written);
     reader_->launch_host([this, g, slot] { read_now(g, slot); });
     reader_->record(read);
   } else {
     optimizer.wait(free);
+    optimizer.wait(written);
   }
   if (adam_after) optimizer.wait(*adam_after);
   optimizer.launch_host([this, g, slot, &read, adam = std::move(adam)] {
@@ -152,6 +158,7 @@ void OptimizerSwap::schedule(int g, Stream& optimizer, Event* adam_after, std::f
     writer_->wait(adam_done);
     writer_->launch_host([this, g, slot] { write_now(g, slot); });
     writer_->record(free);
+    writer_->record(written);
   } else {
     optimizer.launch_host([this, g, slot] {
       const double t0 = now_seconds();
@@ -159,6 +166,7 @@ void OptimizerSwap::schedule(int g, Stream& optimizer, Event* adam_after, std::f
       times_->exposed_ns += ns_since(t0);
     });
     optimizer.record(free);
+    optimizer.record(written);
   }
 }
 

@@ -14,7 +14,9 @@
 // optimizer thread just before its AdamW. Likewise pipeline_write puts the write-back on the
 // writer (overlapping the next group's AdamW) or after the AdamW on the optimizer thread. Slots
 // are used round robin in schedule order; a slot is reused once its previous group's write has
-// completed (an event per slot). With one slot nothing can overlap: pipelining wants >= 2.
+// completed (an event per slot), and a group's file is read once its own last write-back (the
+// previous step's, maybe through another slot) has completed (an event per group). With one slot
+// nothing can overlap: pipelining wants >= 2.
 //
 // state(g, k) on the optimizer thread, inside the AdamW task schedule() launched for g, points
 // into g's slot. Anywhere else (the thread driving the Engine, between steps: set-up,
@@ -109,6 +111,7 @@ class OptimizerSwap {
   std::unique_ptr<Stream> reader_, writer_;
   std::vector<std::unique_ptr<Event>> slot_free_;  // per slot: its last write-back is done
   std::vector<std::unique_ptr<Event>> read_done_;  // per group (pipeline_read)
+  std::vector<std::unique_ptr<Event>> written_;    // per group: its last write-back is done
   struct Times;
   std::unique_ptr<Times> times_;
 };
