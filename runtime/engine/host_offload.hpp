@@ -73,6 +73,11 @@ class HostOffload {
   // wait_adam(g) waits for the last one.
   void run_adam(int g, std::function<void()> adam, bool after_landing);
   void wait_adam(int g) { wait_worker(*adam_done_[static_cast<size_t>(g)]); }
+  // At a step's start: with NVMe offload and pipeline_read, the first groups' state is read
+  // during forward and backward (OptimizerSwap::prefetch).
+  void prefetch_state() {
+    if (swap_) swap_->prefetch();
+  }
   // Waits for the last landed group's norm.
   void wait_norms() { wait_worker(*norms_done_); }
   // Waits for both host threads.

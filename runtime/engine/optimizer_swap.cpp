@@ -77,6 +77,7 @@ OptimizerSwap::OptimizerSwap(const NvmeOptimizerOptions& o, int rank, const std:
     }
   if (ledger_.try_reserve(MemSpace::nvme, MemCategory::master_weights, master)) ledger_master_ = master;
   if (ledger_.try_reserve(MemSpace::nvme, MemCategory::optimizer_states, moments)) ledger_moments_ = moments;
+  prefetched_.assign(static_cast<size_t>(G), -1);
   reader_ = make_cpu_stream("nvme-reader");
   writer_ = make_cpu_stream("nvme-writer");
 }
@@ -115,6 +116,26 @@ void OptimizerSwap::write_now(int g, const void* buffer) {
   times_->io_ns += ns_since(t0);
 }
 
+void OptimizerSwap::read_ahead(int g, size_t s) {
+  unsigned char* slot = static_cast<unsigned char*>(slots_[s].data());
+  reader_->wait(*slot_free_[s]);
+  reader_->wait(*written_[static_cast<size_t>(g)]);
+  reader_->launch_host([this, g, slot] { read_now(g, slot); });
+  reader_->record(*read_done_[static_cast<size_t>(g)]);
+}
+
+void OptimizerSwap::prefetch() {
+  flush();
+  std::fill(prefetched_.begin(), prefetched_.end(), -1);
+  if (!o_.pipeline_read) return;
+  const size_t B = slots_.size();
+  for (size_t i = 0; i < B && i < prefetched_.size(); ++i) {
+    const size_t s = (next_slot_ + i) % B;
+    read_ahead(static_cast<int>(i), s);
+    prefetched_[i] = static_cast<int>(s);
+  }
+}
+
 void OptimizerSwap::schedule(int g, Stream& optimizer, Event* adam_after, std::function<void()> adam,
                              Event& adam_done) {
   flush();  // a group changed between steps is on the drive before any step reads it
@@ -127,10 +148,9 @@ void OptimizerSwap::schedule(int g, Stream& optimizer, Event* adam_after, std::f
   // done, and the slot once its last group's write-back is.
   Event& written = *written_[static_cast<size_t>(g)];
   if (o_.pipeline_read) {
-    reader_->wait(free);
-    reader_->wait(written);
-    reader_->launch_host([this, g, slot] { read_now(g, slot); });
-    reader_->record(read);
+    const bool ready = prefetched_[static_cast<size_t>(g)] == static_cast<int>(s);
+    prefetched_[static_cast<size_t>(g)] = -1;
+    if (!ready) read_ahead(g, s);
   } else {
     optimizer.wait(free);
     optimizer.wait(written);

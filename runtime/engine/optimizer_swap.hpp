@@ -68,6 +68,13 @@ class OptimizerSwap {
   // write-back. `adam_done` is recorded on `optimizer` right after `adam`: the working copy AdamW
   // wrote (HostOffload::out) is ready then, while the write-back may still run.
   void schedule(int g, Stream& optimizer, Event* adam_after, std::function<void()> adam, Event& adam_done);
+  // At a step's start, with pipeline_read: reads groups 0 .. buffer_count-1 into the slots
+  // schedule() will give them, so those reads run during forward and backward (the state does not
+  // depend on the gradients) instead of at the optimizer step. schedule() in group order, as
+  // the norm-first step runs it, then uses them; a read left unused (a skipped step) is simply
+  // read again at the next prefetch (and one into a slot that goes to another group is
+  // overwritten by that group's later read: the reader runs in order).
+  void prefetch();
   // Group g's array k (0 master, 1 m, 2 v): see the header comment.
   float* state(int g, int k);
   // Writes the access buffer's group back (if any).
@@ -95,6 +102,8 @@ class OptimizerSwap {
   size_t group_bytes(int g) const { return 3 * segment(g); }
   static std::string file_name(int g) { return "opt-g" + std::to_string(g); }
   void read_now(int g, void* buffer);   // synchronous
+  // On the reader: g's file into slot s, after the slot's and g's last write-backs.
+  void read_ahead(int g, size_t s);
   void write_now(int g, const void* buffer);
 
   NvmeOptimizerOptions o_;
@@ -112,6 +121,7 @@ class OptimizerSwap {
   std::vector<std::unique_ptr<Event>> slot_free_;  // per slot: its last write-back is done
   std::vector<std::unique_ptr<Event>> read_done_;  // per group (pipeline_read)
   std::vector<std::unique_ptr<Event>> written_;    // per group: its last write-back is done
+  std::vector<int> prefetched_;                     // per group: the slot prefetch() read it into, or -1
   struct Times;
   std::unique_ptr<Times> times_;
 };
