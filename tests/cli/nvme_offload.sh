@@ -5,6 +5,9 @@
 #             (the same config with device "cpu"); the start-up report shows the state on NVMe
 #             and the ledger's nvme columns, the step line and the metrics the swap's bytes; the
 #             swap files are gone after the run;
+#   pipeline  configs/cpu/pipeline2.json (2 stages) at ZeRO stage 1 with cpu offload and with
+#             nvme, 2 ranks, 10 steps: the same losses exactly; each stage's swap under its own
+#             world rank's directory;
 #   missing   nvme_path does not exist: exit 1 naming the path, before step 1;
 #   readonly  nvme_path on a read-only tmpfs: exit 1 naming the path;
 #   full      nvme_path on a 64 KiB tmpfs, smaller than the state: exit 1 naming the file and
@@ -76,6 +79,28 @@ PY
   # other rank's directory is still there).
   [ -z "$(find swap -type f)" ] || fail "swap files left behind: $(find swap)"
   echo "ok: nvme losses == cpu offload losses, steps 1-12; report, step line, metrics; no files left"
+  ;;
+pipeline)
+  mkdir swap
+  python3 - "$src/configs/cpu/pipeline2.json" "$work/swap" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+z = c.setdefault("zero_optimization", {})
+z["stage"] = 1
+z["offload_optimizer"] = {"device": "cpu"}
+json.dump(c, open("cpu.json", "w"), indent=1)
+z["offload_optimizer"] = {"device": "nvme", "nvme_path": sys.argv[2], "buffer_count": 2,
+                          "pipeline_read": True, "pipeline_write": True}
+json.dump(c, open("nvme.json", "w"), indent=1)
+PY
+  run cpu.log "${mpirun[@]}" -np 2 "$zt" --config cpu.json --steps 10 --metrics cpu.jsonl
+  [ $rc -eq 0 ] || { cat cpu.log; fail "the cpu-offload pipeline run failed"; }
+  run nvme.log "${mpirun[@]}" -np 2 "$zt" --config nvme.json --steps 10 --metrics nvme.jsonl
+  [ $rc -eq 0 ] || { cat nvme.log; fail "the nvme pipeline run failed"; }
+  python3 "$src/tests/cli/compare_losses.py" cpu.jsonl nvme.jsonl 1 10 0
+  grep -Eq "^ +1 +.* [0-9.]+ KiB$" nvme.log || { cat nvme.log; fail "the per-rank table shows no nvme bytes for rank 1"; }
+  [ -z "$(find swap -type f)" ] || fail "swap files left behind: $(find swap)"
+  echo "ok: pipeline stages with nvme train as with cpu offload, steps 1-10"
   ;;
 missing)
   config_at "$work/no/such/dir"
