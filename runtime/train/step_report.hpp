@@ -38,8 +38,8 @@ struct GridStep {
   // blocks' all-reduces and the rest, counted as a ring algorithm sends them:
   // coll::CountingCommunicator), the same on every rank of a tensor group.
   std::optional<double> tensor_bytes;
-  // With the optimizer state on NVMe: this rank's swap bytes read and written during the step
-  // (completed I/O: a write-back still running at the step's end counts in the next step).
+  // With the optimizer state on NVMe: this rank's swap bytes read and written since the last
+  // step's report (completed I/O: a write-back still running at the report counts in the next).
   struct Nvme {
     uint64_t read = 0, written = 0;
   };

@@ -172,9 +172,19 @@ TEST_CASE("nvme offload: the state is in the files, one read and one write per g
   CHECK(snap.at(MemSpace::host, MemCategory::master_weights).current == 0);
   CHECK(snap.at(MemSpace::host, MemCategory::optimizer_states).current == host.optimizer);
   CHECK_THAT(t.engine->memory_report(), Catch::Matchers::ContainsSubstring("optimizer state on NVMe"));
-  t.run(0, 1);  // the first step also writes the initial masters (set-up's access buffer)
+  // A group is read only after its previous write-back: after k steps (without settling) at
+  // least k - 1 steps' write-backs and k steps' reads have completed (set-up's initial writes
+  // come first: one pass, plus the access buffer's group).
+  const uint64_t initial = t.engine->nvme_traffic(true).written;
+  for (int k = 1; k <= 4; ++k) {
+    t.run(k - 1, k);
+    const Engine::NvmeTraffic now = t.engine->nvme_traffic();
+    INFO("after step " << k << ": written " << now.written - initial << ", read " << now.read);
+    CHECK(now.written - initial >= static_cast<uint64_t>(k - 1) * drive.total());
+    CHECK(now.read >= static_cast<uint64_t>(k) * drive.total());
+  }
   const Engine::NvmeTraffic before = t.engine->nvme_traffic(true);
-  t.run(1, 2);
+  t.run(4, 5);
   const Engine::NvmeTraffic after = t.engine->nvme_traffic(true);
   CHECK(after.read - before.read == drive.total());
   CHECK(after.written - before.written == drive.total());
