@@ -23,7 +23,14 @@ std::string_view to_string(MemCategory c) noexcept {
   return "?";
 }
 
-std::string_view to_string(MemSpace s) noexcept { return s == MemSpace::device ? "device" : "host"; }
+std::string_view to_string(MemSpace s) noexcept {
+  switch (s) {
+    case MemSpace::device: return "device";
+    case MemSpace::host: return "host";
+    case MemSpace::nvme: return "nvme";
+  }
+  return "?";
+}
 
 std::string format_bytes(size_t bytes) {
   if (bytes == kUnlimited) return "unlimited";
@@ -77,25 +84,41 @@ std::optional<long long> parse_byte_size(std::string_view text) noexcept {
 }
 
 std::string LedgerSnapshot::table() const {
+  // The nvme columns only when something was ever on the drive, so runs without NVMe offload
+  // print the table they always did.
+  const bool nvme = total[2].peak > 0;
   std::string t;
-  char line[160];
+  char line[220];
   std::snprintf(line, sizeof line, "memory ledger of %s\n", owner.c_str());
   t += line;
-  std::snprintf(line, sizeof line, "  %-22s %12s %12s %12s %12s\n", "category", "device now",
+  std::snprintf(line, sizeof line, "  %-22s %12s %12s %12s %12s", "category", "device now",
                 "device peak", "host now", "host peak");
   t += line;
-  auto row = [&](std::string_view name, const LedgerEntry& d, const LedgerEntry& h) {
-    std::snprintf(line, sizeof line, "  %-22.*s %12s %12s %12s %12s\n", static_cast<int>(name.size()),
+  t += nvme ? "     nvme now    nvme peak\n" : "\n";
+  auto row = [&](std::string_view name, int c) {
+    const LedgerEntry& d = c < 0 ? total[0] : by_category[0][c];
+    const LedgerEntry& h = c < 0 ? total[1] : by_category[1][c];
+    const LedgerEntry& n = c < 0 ? total[2] : by_category[2][c];
+    std::snprintf(line, sizeof line, "  %-22.*s %12s %12s %12s %12s", static_cast<int>(name.size()),
                   name.data(), format_bytes(d.current).c_str(), format_bytes(d.peak).c_str(),
                   format_bytes(h.current).c_str(), format_bytes(h.peak).c_str());
     t += line;
+    if (nvme) {
+      std::snprintf(line, sizeof line, " %12s %12s", format_bytes(n.current).c_str(), format_bytes(n.peak).c_str());
+      t += line;
+    }
+    t += "\n";
   };
-  for (int c = 0; c < kMemCategoryCount; ++c)
-    row(to_string(static_cast<MemCategory>(c)), by_category[0][c], by_category[1][c]);
-  row("total", total[0], total[1]);
-  std::snprintf(line, sizeof line, "  %-22s %12s %12s %12s %12s\n", "capacity",
+  for (int c = 0; c < kMemCategoryCount; ++c) row(to_string(static_cast<MemCategory>(c)), c);
+  row("total", -1);
+  std::snprintf(line, sizeof line, "  %-22s %12s %12s %12s %12s", "capacity",
                 format_bytes(capacity[0]).c_str(), "", format_bytes(capacity[1]).c_str(), "");
   t += line;
+  if (nvme) {
+    std::snprintf(line, sizeof line, " %12s %12s", format_bytes(capacity[2]).c_str(), "");
+    t += line;
+  }
+  t += "\n";
   if (shared_capacity != kUnlimited) {
     std::snprintf(line, sizeof line, "  %-22s %12s for device and host together (in use %s)\n",
                   "shared capacity", format_bytes(shared_capacity).c_str(),
@@ -108,7 +131,7 @@ std::string LedgerSnapshot::table() const {
 MemoryLedger::MemoryLedger(std::string owner, size_t device_capacity, size_t host_capacity,
                            size_t shared_capacity) {
   state_.owner = std::move(owner);
-  state_.capacity = {device_capacity, host_capacity};
+  state_.capacity = {device_capacity, host_capacity, kUnlimited};
   state_.shared_capacity = shared_capacity;
 }
 
@@ -117,9 +140,11 @@ bool MemoryLedger::try_reserve(MemSpace space, MemCategory category, size_t byte
   std::lock_guard lock(mutex_);
   LedgerEntry& total = state_.total[s];
   if (bytes > state_.capacity[s] || total.current > state_.capacity[s] - bytes) return false;
-  // The totals count real allocations: their sum does not wrap.
+  // The totals count real allocations: their sum does not wrap. The drive is not RAM: the
+  // shared capacity bounds device and host only.
   const size_t both = state_.total[0].current + state_.total[1].current;
-  if (bytes > state_.shared_capacity || both > state_.shared_capacity - bytes) return false;
+  if (space != MemSpace::nvme && (bytes > state_.shared_capacity || both > state_.shared_capacity - bytes))
+    return false;
   LedgerEntry& e = state_.by_category[s][c];
   e.current += bytes;
   e.peak = std::max(e.peak, e.current);

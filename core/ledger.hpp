@@ -42,8 +42,11 @@ enum class MemCategory : uint8_t {
 inline constexpr int kMemCategoryCount = 8;
 std::string_view to_string(MemCategory c) noexcept;
 
-enum class MemSpace : uint8_t { device, host };
-inline constexpr int kMemSpaceCount = 2;
+// nvme: bytes in swap files on a drive (optimizer state on NVMe, docs/nvme-offload.md); no
+// capacity by default (the drive's free space is checked when the files are made) and never
+// part of the shared capacity, which bounds device + host only.
+enum class MemSpace : uint8_t { device, host, nvme };
+inline constexpr int kMemSpaceCount = 3;
 std::string_view to_string(MemSpace s) noexcept;
 
 inline constexpr size_t kUnlimited = std::numeric_limits<size_t>::max();
@@ -58,7 +61,7 @@ struct LedgerSnapshot {
   std::string owner;  // e.g. "cpu:0" or "cuda:0 (NVIDIA H100 80GB HBM3)"
   std::array<std::array<LedgerEntry, kMemCategoryCount>, kMemSpaceCount> by_category{};
   std::array<LedgerEntry, kMemSpaceCount> total{};  // peak of the sum, not the sum of peaks
-  std::array<size_t, kMemSpaceCount> capacity{kUnlimited, kUnlimited};
+  std::array<size_t, kMemSpaceCount> capacity{kUnlimited, kUnlimited, kUnlimited};
   size_t shared_capacity = kUnlimited;  // device + host together; kUnlimited: no such bound
 
   const LedgerEntry& at(MemSpace s, MemCategory c) const {

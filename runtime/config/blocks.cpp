@@ -273,8 +273,8 @@ void visit(Io& io, Scheduler& s, const Config& c) {
 
 // ---- the rest of the blocks ---------------------------------------------------------------------
 
-// aio configures the NVMe swapper's file engine (offload/aio_options.hpp; parameters on NVMe use
-// it). GPUDirect Storage is not built: use_gds is warned about when set.
+// aio configures the NVMe swapper's file engine (offload/aio_options.hpp): optimizer state and
+// parameters on NVMe use it. GPUDirect Storage is not built: use_gds is warned about when set.
 template <class Io>
 void visit(Io& io, Aio& a) {
   io.key("block_size", a.block_size, {.min = 1});

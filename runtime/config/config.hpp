@@ -245,14 +245,15 @@ enum class OffloadDevice { none, cpu, nvme };
 std::string_view to_string(OffloadDevice d) noexcept;
 
 // "zero_optimization.offload_optimizer": fp32 master weights, Adam moments and the optimizer
-// step on the host. nvme: accepted; until NVMe swapping exists the states stay in host RAM.
+// step on the host. nvme: master and moments in swap files under nvme_path (stages 1-3;
+// docs/nvme-offload.md).
 struct OffloadOptimizer {
-  OffloadDevice device = OffloadDevice::none;  // none, cpu (stages 1-3), nvme (stage 3)
+  OffloadDevice device = OffloadDevice::none;  // none, cpu or nvme (stages 1-3)
   std::optional<std::string> nvme_path;        // nvme only: a directory on a fast drive
   long long buffer_count = 4;                  // nvme only: swap buffers
   bool pin_memory = true;                      // page-locked host buffers
-  bool pipeline_read = false;                  // not implemented: overlap nvme reads
-  bool pipeline_write = false;                 // not implemented: overlap nvme writes
+  bool pipeline_read = false;                  // nvme: reads overlap host AdamW
+  bool pipeline_write = false;                 // nvme: writes overlap host AdamW
   bool fast_init = false;                      // not implemented: nvme fast init
   double ratio = 1.0;                          // not implemented: share of states offloaded
 
@@ -310,7 +311,7 @@ struct Zero {
   bool log_trace_cache_warnings = false;               // stage-3 trace cache logging
 };
 
-// "aio": the NVMe swapper's async I/O (parameters on NVMe; optimizer state on NVMe not yet).
+// "aio": the NVMe swapper's async I/O (optimizer state and parameters on NVMe).
 struct Aio {
   long long block_size = 1'048'576;     // bytes per I/O request
   long long queue_depth = 8;            // requests in flight

@@ -26,8 +26,8 @@ void visit(Io& io, OffloadOptimizer& o) {
   io.key("nvme_path", o.nvme_path);
   io.key("buffer_count", o.buffer_count, {.min = 0});
   io.key("pin_memory", o.pin_memory);
-  io.key("pipeline_read", o.pipeline_read, {.not_implemented = true});
-  io.key("pipeline_write", o.pipeline_write, {.not_implemented = true});
+  io.key("pipeline_read", o.pipeline_read);
+  io.key("pipeline_write", o.pipeline_write);
   io.key("fast_init", o.fast_init, {.not_implemented = true});
   io.key("ratio", o.ratio, {.min = 0, .max = 1, .not_implemented = true});
 }
@@ -87,8 +87,9 @@ void pin_memory_alias(Reader& io, Zero& z) {
 }
 
 // The offload combinations DeepSpeed allows: optimizer offload with stages 1-3, parameter
-// offload with stage 3, nvme with stage 3 only; nvme needs a path. One more rule is ours:
-// parameter offload needs optimizer offload.
+// offload with stage 3, nvme with stage 3 only; nvme needs a path. Ours differ: optimizer state
+// on nvme works at stages 1-3 (it is the same host optimizer, swapped), and parameter offload
+// needs optimizer offload.
 void check_offload(Reader& io, const Zero& z, const std::string& optimizer_origin,
                    const std::string& param_origin) {
   const std::string stage = "zero_optimization.stage is " + std::to_string(z.stage);
@@ -102,7 +103,7 @@ void check_offload(Reader& io, const Zero& z, const std::string& optimizer_origi
     if (param && z.stage != 3) {
       io.session().error(at, what + " needs stage 3 (" + stage +
                                  "); set \"stage\": 3 or remove " + std::string(block));
-    } else if (device == OffloadDevice::nvme && z.stage != 3) {
+    } else if (device == OffloadDevice::nvme && param && z.stage != 3) {
       io.session().error(at, what + " needs stage 3 (" + stage +
                                  "); set \"stage\": 3 or offload to \"cpu\"");
     } else if (z.stage == 0) {
@@ -114,10 +115,6 @@ void check_offload(Reader& io, const Zero& z, const std::string& optimizer_origi
         io.session().error(io.path_of(block) + ".nvme_path",
                            "missing: device \"nvme\" needs nvme_path, a directory on a fast "
                            "local drive");
-      // Parameters on NVMe are swapped (docs/nvme-offload.md); optimizer state not yet.
-      if (!param)
-        io.session().warn(at, "accepted but not implemented yet: NVMe offload runs as cpu "
-                              "offload (the states stay in host RAM)");
     }
   };
   check("offload_optimizer", z.offload_optimizer.device, z.offload_optimizer.nvme_path,

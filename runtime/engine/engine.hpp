@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "collectives/communicator.hpp"
+#include "offload/aio_options.hpp"
 #include "offload/copy_engine.hpp"
 #include "offload/aio_options.hpp"
 #include "offload/host_memory.hpp"
@@ -72,6 +73,16 @@
 #include "runtime/pipeline/schedule.hpp"
 
 namespace zero {
+
+// Optimizer state on NVMe (EngineOptions::nvme; runtime/engine/optimizer_swap.hpp).
+struct NvmeOptimizerOptions {
+  std::string path;             // offload_optimizer.nvme_path; empty: the state stays in RAM
+  int buffer_count = 4;         // offload_optimizer.buffer_count: pinned swap buffers, >= 1
+  bool pipeline_read = false;   // offload_optimizer.pipeline_read: reads overlap AdamW
+  bool pipeline_write = false;  // offload_optimizer.pipeline_write: writes overlap AdamW
+  offload::AioOptions aio;      // the "aio" block
+  bool enabled() const noexcept { return !path.empty(); }
+};
 
 struct EngineOptions {
   int stage = 0;                                // ZeRO stage 0..3
@@ -139,6 +150,9 @@ struct EngineOptions {
   // the same either way. After a clipped or skipped step the next step does not guess.
   // (zero_train.speculative_host_step; docs/offload.md.)
   bool speculative_host_step = true;
+  // offload_optimizer with device "nvme" (docs/nvme-offload.md, "Optimizer state on NVMe"):
+  // master, m and v in swap files under nvme.path instead of host RAM. Empty path: host RAM.
+  NvmeOptimizerOptions nvme;
 };
 
 // The checks Engine's constructor makes on its options alone (stage, accumulation, bucket sizes,
@@ -296,6 +310,21 @@ class Engine {
   // offload_param on NVMe: bytes of parameter shards on the drive, read and written since
   // construction, and the swap buffers' host bytes (zeros without it).
   engine::ParamNvmeCounters param_nvme_counters() const;
+  // With the optimizer state on NVMe (EngineOptions::nvme): its files on the drive by the same
+  // categories (master 4 Psi_o, optimizer 8 Psi_o, each group padded to 4096 bytes); with it,
+  // expected_host_state() holds no master and, as optimizer, only the swap buffers
+  // ((buffer_count + 1) x the largest group's 12 bytes per element). Zero without.
+  ModelStateBytes expected_nvme_state() const;
+  // The swap's traffic since construction: bytes read and written, its files' bytes, seconds
+  // of I/O (summed over requests; busy: wall time with any in flight), and the part the host
+  // optimizer thread waited for (I/O not hidden behind AdamW): hidden = 1 - exposed / busy.
+  // Completed I/O only: the last groups' write-backs may still run into the next step, unless
+  // `settle` waits for them first (exact per-step counts, at the cost of that overlap).
+  struct NvmeTraffic {
+    uint64_t read = 0, written = 0, on_drive = 0;
+    double io_seconds = 0, busy_seconds = 0, exposed_seconds = 0;
+  };
+  NvmeTraffic nvme_traffic(bool settle = false) const;
   // The most bytes the pooled transient buffers (ledger: comm_buffers) can reach, from the
   // partition and the communication options above.
   size_t transient_bound() const;

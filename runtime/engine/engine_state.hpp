@@ -73,13 +73,13 @@ struct Engine::State {
   ~State() { quiesce(); }
 
   engine::Context x;
-  // Declared before `params`: the offloaded parameter shards are its host memory.
-  std::unique_ptr<engine::HostOffload> host;  // offload_optimizer only
   // offload_param on NVMe: the file engine and the swap store of the parameter shards (before
-  // `params`, whose swap buffers use them). The store locks its rank directory, so a second
-  // NVMe tier on the same nvme_path has to share this store rather than open its own.
+  // `host` and `params`, whose swaps use them: destroyed after both). The store locks its rank
+  // directory, so the optimizer state on the same nvme_path shares this store (setup.cpp).
   std::unique_ptr<offload::AioEngine> nvme_io;
   std::unique_ptr<offload::SwapStore> nvme_store;
+  // Declared before `params`: the offloaded parameter shards are its host memory.
+  std::unique_ptr<engine::HostOffload> host;  // offload_optimizer only
   engine::ParamResidency params;
   engine::GradReduction grads;
   std::unique_ptr<engine::OptimizerStep> opt;
@@ -102,6 +102,7 @@ struct Engine::State {
   // (`second_bank`: with the speculative step's second copy of master, m and v).
   Engine::ModelStateBytes device_state() const;
   Engine::ModelStateBytes host_state(bool second_bank) const;
+  Engine::ModelStateBytes nvme_state() const;
   // Throws the ledger's OutOfMemory when the model state cannot fit the device's capacities,
   // before anything of it is allocated.
   void check_fits() const;

@@ -54,9 +54,17 @@ EngineOptions engine_options(const config::Config& c) {
   o.max_live_parameters = c.zero.stage3_max_live_parameters;
   o.param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
   o.timers = c.wall_clock_breakdown;
-  // Optimizer state on NVMe is accepted by the config reader and runs as cpu offload (warned
-  // there); parameters on NVMe are swapped (param_nvme_path).
+  // offload_optimizer to nvme: the state in swap files (optimizer_swap.hpp); offload_param to
+  // nvme: the stage-3 parameter shards in swap files (param_swap.hpp, param_nvme_path).
   o.offload_optimizer = c.zero.offload_optimizer.enabled();
+  if (c.zero.offload_optimizer.device == config::OffloadDevice::nvme) {
+    const config::OffloadOptimizer& oo = c.zero.offload_optimizer;
+    o.nvme.path = oo.nvme_path.value_or("");
+    o.nvme.buffer_count = static_cast<int>(oo.buffer_count);
+    o.nvme.pipeline_read = oo.pipeline_read;
+    o.nvme.pipeline_write = oo.pipeline_write;
+    o.nvme.aio = config::to_aio_options(c.aio);
+  }
   o.offload_param = c.zero.offload_param.enabled();
   if (c.zero.offload_param.device == config::OffloadDevice::nvme) {
     const config::OffloadParam& op = c.zero.offload_param;

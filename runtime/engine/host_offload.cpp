@@ -18,7 +18,7 @@ HostOffload::HostOffload(Context& x, offload::PinPolicy pin) : x_(x) {
 
 HostOffload::~HostOffload() { quiesce(); }
 
-bool HostOffload::allocate(bool second_bank) {
+bool HostOffload::allocate(bool second_bank, int swap_rank, offload::SwapStore* shared) {
   const size_t owned = static_cast<size_t>(x_.owned_total);
   const size_t e = x_.esize();
   // Host memory is not zeroed: the accumulator and the moments must be.
@@ -28,11 +28,22 @@ bool HostOffload::allocate(bool second_bank) {
     std::memset(h_acc_.data(), 0, h_acc_.bytes());
   }
   h_out_ = host_->allocate(owned * e, MemCategory::parameters);
-  h_master_ = host_->allocate(owned * 4, MemCategory::master_weights);
-  h_m_ = host_->allocate(owned * 4, MemCategory::optimizer_states);
-  h_v_ = host_->allocate(owned * 4, MemCategory::optimizer_states);
-  std::memset(h_m_.data(), 0, h_m_.bytes());
-  std::memset(h_v_.data(), 0, h_v_.bytes());
+  const int G = x_.part.group_count();
+  if (x_.o.nvme.enabled()) {
+    std::vector<int64_t> numel;
+    for (int g = 0; g < G; ++g) numel.push_back(x_.owned_len(g));
+    swap_ = std::make_unique<OptimizerSwap>(x_.o.nvme, swap_rank, numel, *host_, shared);
+    if (second_bank)
+      log::info("engine: the speculative host step is off with NVMe offload (its second copy of "
+                "the optimizer state would double the swap traffic); AdamW runs after backward");
+    second_bank = false;
+  } else {
+    h_master_ = host_->allocate(owned * 4, MemCategory::master_weights);
+    h_m_ = host_->allocate(owned * 4, MemCategory::optimizer_states);
+    h_v_ = host_->allocate(owned * 4, MemCategory::optimizer_states);
+    std::memset(h_m_.data(), 0, h_m_.bytes());
+    std::memset(h_v_.data(), 0, h_v_.bytes());
+  }
   if (second_bank) {
     // The second bank is a speed-up, not a need: when host memory cannot hold it, the engine
     // says so and runs the norm-first step instead of failing.
@@ -51,7 +62,6 @@ bool HostOffload::allocate(bool second_bank) {
                 "runs after backward (norm-first). " + err.message().substr(0, err.message().find('\n')));
     }
   }
-  const int G = x_.part.group_count();
   partial_.assign(static_cast<size_t>(G), 0.0);
   for (int g = 0; g < G; ++g) {
     adam_done_.push_back(make_cpu_event());
@@ -110,6 +120,7 @@ const unsigned char* HostOffload::grad(int g) const {
 }
 
 float* HostOffload::state(int g, int k, bool second_bank) const {
+  if (swap_) return swap_->state(g, k);
   const offload::HostBuffer& b = k == 0 ? (second_bank ? h_master2_ : h_master_)
                                : k == 1 ? (second_bank ? h_m2_ : h_m_)
                                         : (second_bank ? h_v2_ : h_v_);
@@ -129,6 +140,8 @@ void HostOffload::copy_up(int g, void* dst, size_t bytes) {
 
 void HostOffload::run_adam(int g, std::function<void()> adam, bool after_landing) {
   const size_t gi = static_cast<size_t>(g);
+  if (swap_) return swap_->schedule(g, *optimizer_, after_landing ? land_done_[gi].get() : nullptr,
+                                    std::move(adam), *adam_done_[gi]);
   if (after_landing) optimizer_->wait(*land_done_[gi]);
   optimizer_->launch_host(std::move(adam));
   optimizer_->record(*adam_done_[gi]);
@@ -141,6 +154,7 @@ void HostOffload::clear() {
 void HostOffload::quiesce() noexcept {
   if (worker_) try { worker_->synchronize(); } catch (...) {}
   if (optimizer_) try { optimizer_->synchronize(); } catch (...) {}
+  if (swap_) swap_->quiesce();
 }
 
 }  // namespace zero::engine

@@ -12,6 +12,11 @@
 // The speculative host step keeps a second bank of master, m and v (state(g, k, true)): AdamW
 // run ahead writes it, and OptimizerStep flips which bank is current when it keeps the result.
 //
+// With EngineOptions::nvme (optimizer state on NVMe) master, m and v are not in host RAM: an
+// OptimizerSwap (optimizer_swap.hpp) keeps them in swap files and state() points into its swap
+// buffers; run_adam() reads the group in before AdamW and writes it back after. There is no
+// second bank then: allocate() turns the speculative step off (said once at info level).
+//
 // Host buffers are allocated from `memory()`, which outlives them (ParamResidency's offloaded
 // shards included: the engine declares this first).
 //
@@ -27,6 +32,7 @@
 #include "offload/copy_engine.hpp"
 #include "offload/host_memory.hpp"
 #include "runtime/engine/context.hpp"
+#include "runtime/engine/optimizer_swap.hpp"
 
 namespace zero::engine {
 
@@ -41,8 +47,11 @@ class HostOffload {
 
   // The buffers for this rank's owned range (owned_total elements). With `second_bank` also the
   // speculative step's second copy of master, m and v; returns false (with a warning) when host
-  // memory cannot hold it.
-  bool allocate(bool second_bank);
+  // memory cannot hold it, and with NVMe offload (no second bank on the drive). With NVMe
+  // offload: opens the swap files under nvme.path (`swap_rank`: the rank directory).
+  // `shared`: the engine's store when the parameters are on the same nvme_path (one per rank
+  // directory), used instead of opening another.
+  bool allocate(bool second_bank, int swap_rank = 0, offload::SwapStore* shared = nullptr);
 
   // Group g's reduced gradient shard of this micro-batch is complete at device pointer `shard`:
   // bring it down and, on the worker thread, accumulate it and (last) take its squared norm.
@@ -54,7 +63,8 @@ class HostOffload {
   double partial_norm(int g) const { return partial_[static_cast<size_t>(g)]; }
 
   // AdamW's fp32 state of group g's owned range: k = 0 master, 1 m, 2 v, in the first or the
-  // second bank.
+  // second bank. With NVMe offload see OptimizerSwap::state (valid inside g's AdamW task, or
+  // between steps on the driving thread until the next state() of another group).
   float* state(int g, int k, bool second_bank) const;
   // Group g's updated working copy (owned range, param_type) on its way up.
   unsigned char* out(int g) const;
@@ -65,12 +75,18 @@ class HostOffload {
   // wait_adam(g) waits for the last one.
   void run_adam(int g, std::function<void()> adam, bool after_landing);
   void wait_adam(int g) { wait_worker(*adam_done_[static_cast<size_t>(g)]); }
+  // At a step's start: with NVMe offload and pipeline_read, the first groups' state is read
+  // during forward and backward (OptimizerSwap::prefetch).
+  void prefetch_state() {
+    if (swap_) swap_->prefetch();
+  }
   // Waits for the last landed group's norm.
   void wait_norms() { wait_worker(*norms_done_); }
   // Waits for both host threads.
   void sync() {
     worker_->synchronize();
     optimizer_->synchronize();
+    if (swap_) swap_->sync();
   }
   void sync_counted();  // sync(), the wait counted as host AdamW not hidden
   void quiesce() noexcept;
@@ -79,6 +95,8 @@ class HostOffload {
 
   offload::CopyCounters counters() const { return copies_->counters(); }
   std::string summary() const { return host_->summary(); }
+  // The NVMe swap (null without it).
+  OptimizerSwap* swap() const { return swap_.get(); }
 
  private:
   // The driving thread waiting for a host thread, counted as host AdamW not hidden
@@ -87,6 +105,7 @@ class HostOffload {
 
   Context& x_;
   std::unique_ptr<offload::HostMemory> host_;  // outlives the buffers below
+  std::unique_ptr<OptimizerSwap> swap_;        // NVMe offload; its tasks end in quiesce()
   std::unique_ptr<offload::CopyEngine> copies_;
   std::unique_ptr<Stream> worker_, optimizer_;  // cpu executors on either backend
   std::vector<std::unique_ptr<Event>> adam_done_;  // per group, recorded on optimizer_

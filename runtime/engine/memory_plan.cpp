@@ -56,9 +56,29 @@ Engine::ModelStateBytes Engine::State::host_state(bool second_bank) const {
   if (on_drive > 0)
     b.parameters += std::min(on_drive, static_cast<size_t>(x.o.param_buffer_count)) * offload::SwapStore::padded(largest);
   b.gradients = e * owned + (x.host_fp32_acc() ? 4 * owned : 0);
+  if (x.o.nvme.enabled()) {
+    // On the drive (nvme_state()); in host memory only the swap buffers: buffer_count slots and
+    // the access buffer, each the largest group's master | m | v.
+    size_t largest = offload::kAioAlignment;
+    for (int g = 0; g < x.part.group_count(); ++g)
+      largest = std::max(largest, 3 * offload::SwapStore::padded(static_cast<size_t>(x.owned_len(g)) * 4));
+    b.optimizer = largest * static_cast<size_t>(x.o.nvme.buffer_count + 1);
+    return b;
+  }
   const size_t banks = second_bank ? 2 : 1;  // the speculative step's second copy
   b.master = 4 * owned * banks;
   b.optimizer = 8 * owned * banks;
+  return b;
+}
+
+Engine::ModelStateBytes Engine::State::nvme_state() const {
+  ModelStateBytes b;
+  if (!x.off || !x.o.nvme.enabled()) return b;
+  for (int g = 0; g < x.part.group_count(); ++g) {
+    const size_t seg = offload::SwapStore::padded(static_cast<size_t>(x.owned_len(g)) * 4);
+    b.master += seg;
+    b.optimizer += 2 * seg;
+  }
   return b;
 }
 
@@ -120,6 +140,22 @@ offload::CopyCounters Engine::offload_traffic() const {
 
 engine::ParamNvmeCounters Engine::param_nvme_counters() const { return s_->params.nvme_counters(); }
 
+Engine::ModelStateBytes Engine::expected_nvme_state() const { return s_->nvme_state(); }
+
+Engine::NvmeTraffic Engine::nvme_traffic(bool settle) const {
+  NvmeTraffic t;
+  engine::OptimizerSwap* swap = s_->host ? s_->host->swap() : nullptr;
+  if (!swap) return t;
+  if (settle) s_->host->sync();
+  t.read = swap->bytes_read();
+  t.written = swap->bytes_written();
+  t.on_drive = swap->bytes_on_drive();
+  t.io_seconds = swap->io_seconds();
+  t.busy_seconds = swap->io_busy_seconds();
+  t.exposed_seconds = swap->io_exposed_seconds();
+  return t;
+}
+
 // The pools hold, per size class s (groups of padded size s, `count` of them), as many buffers
 // as were ever in use at once:
 //   gradients (stage 2/3): the groups being added to (at most two: the Unit's own and the tied
@@ -176,6 +212,13 @@ std::string Engine::memory_report() const {
                   format_bytes(h.gradients).c_str(), format_bytes(h.master).c_str(),
                   format_bytes(h.optimizer).c_str(), s.host->summary().c_str());
     out += line;
+    if (const engine::OptimizerSwap* swap = s.host->swap()) {
+      const ModelStateBytes n = expected_nvme_state();
+      std::snprintf(line, sizeof line, "optimizer state on NVMe: %s (master %s, adam %s) in %s\n",
+                    format_bytes(n.total()).c_str(), format_bytes(n.master).c_str(),
+                    format_bytes(n.optimizer).c_str(), swap->directory().c_str());
+      out += line;
+    }
   }
   return out + snap.table();
 }

@@ -49,10 +49,11 @@ class OptimizerStep {
   // A copy where one side is state(): a plain memcpy with offload, device copy otherwise.
   void copy_state(void* dst, const void* src, size_t bytes);
 
-  // Step start: nothing runs ahead yet.
+  // Step start: nothing runs ahead yet (but with NVMe offload the first groups' reads).
   void begin_step() {
     speculating_ = false;
     spec_order_.clear();
+    if (host_) host_->prefetch_state();
   }
   // Before the last micro-batch: whether its groups' AdamW runs ahead, and the step it assumes
   // (the next applied step, unclipped, at the loss scale the gradients are computed at).

@@ -8,7 +8,7 @@
 namespace zero::engine {
 
 ParamSwap::ParamSwap(offload::SwapStore& store, offload::HostMemory& host, int buffer_count, size_t buffer_bytes)
-    : store_(store), buffer_bytes_(offload::SwapStore::padded(buffer_bytes)) {
+    : store_(store), ledger_(host.device().ledger()), buffer_bytes_(offload::SwapStore::padded(buffer_bytes)) {
   ZERO_REQUIRE(buffer_count >= 1, "zero_optimization.offload_param.buffer_count is " +
                                       std::to_string(buffer_count) +
                                       ": parameters on NVMe need at least 1 swap buffer");
@@ -16,7 +16,10 @@ ParamSwap::ParamSwap(offload::SwapStore& store, offload::HostMemory& host, int b
   for (Buffer& b : bufs_) b.mem = host.allocate(buffer_bytes_, MemCategory::parameters);
 }
 
-ParamSwap::~ParamSwap() { quiesce(); }
+ParamSwap::~ParamSwap() {
+  quiesce();
+  ledger_.release(MemSpace::nvme, MemCategory::parameters, ledger_bytes_);
+}
 
 void ParamSwap::add(int g, size_t bytes) {
   ZERO_REQUIRE(bytes > 0 && offload::SwapStore::padded(bytes) <= buffer_bytes_,
@@ -27,6 +30,9 @@ void ParamSwap::add(int g, size_t bytes) {
   if (bytes_.size() <= static_cast<size_t>(g)) bytes_.resize(static_cast<size_t>(g) + 1, 0);
   store_.create(name(g), bytes);
   bytes_[static_cast<size_t>(g)] = bytes;
+  // The file, padded, in the ledger's nvme space (which has no capacity: never refused).
+  const size_t file = offload::SwapStore::padded(bytes);
+  if (ledger_.try_reserve(MemSpace::nvme, MemCategory::parameters, file)) ledger_bytes_ += file;
 }
 
 int ParamSwap::find(int g) const {

@@ -4,7 +4,7 @@
 // host shards stay in RAM, up to offload_param.max_in_cpu elements) and when to read ahead.
 //
 // Files: one per group, "param-g<g>" in the SwapStore (offload/swap_store.hpp), padded to 4096
-// bytes. Host memory: at most `buffer_count` buffers of `buffer_bytes` each (padded), allocated
+// bytes, counted in the ledger's nvme space (parameters). Host memory: at most `buffer_count` buffers of `buffer_bytes` each (padded), allocated
 // at construction; a group's shard must fit one buffer (add() refuses a larger one, naming
 // offload_param.buffer_size).
 //
@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ledger.hpp"
 #include "offload/host_memory.hpp"
 #include "offload/swap_store.hpp"
 
@@ -91,6 +92,8 @@ class ParamSwap {
   int take(const std::vector<int>* keep);
 
   offload::SwapStore& store_;
+  MemoryLedger& ledger_;
+  size_t ledger_bytes_ = 0;  // reserved in the ledger's nvme space (the files)
   std::vector<Buffer> bufs_;
   std::vector<size_t> bytes_;  // per group: shard bytes on the drive (0: not here)
   size_t buffer_bytes_ = 0;

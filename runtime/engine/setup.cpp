@@ -5,6 +5,7 @@
 
 #include <tbb/parallel_for.h>
 
+#include "core/world.hpp"
 #include "runtime/engine/engine_state.hpp"
 
 namespace zero {
@@ -43,6 +44,13 @@ void check_engine_options(const EngineOptions& o) {
                "engine: zero_optimization.offload_param.buffer_count and buffer_size must be >= 1 and "
                "max_in_cpu >= 0 with device \"nvme\" (got " + std::to_string(o.param_buffer_count) + ", " +
                    std::to_string(o.param_buffer_size) + ", " + std::to_string(o.param_max_in_cpu) + ")");
+  ZERO_REQUIRE(!o.nvme.enabled() || o.offload_optimizer,
+               "engine: an NVMe path for the optimizer state needs offload_optimizer (set "
+               "zero_optimization.offload_optimizer.device to \"nvme\")");
+  ZERO_REQUIRE(!o.nvme.enabled() || o.nvme.buffer_count >= 1,
+               "engine: zero_optimization.offload_optimizer.buffer_count is " +
+                   std::to_string(o.nvme.buffer_count) +
+                   ": NVMe offload needs at least 1 swap buffer (2 or more to overlap I/O with AdamW)");
 }
 
 namespace {
@@ -67,7 +75,12 @@ void Engine::State::set_up() {
   check_fits();
   params.allocate(host ? &host->memory() : nullptr, host ? &host->copies() : nullptr, nvme_store.get());
   grads.allocate();
-  if (host) spec = host->allocate(spec);
+  // The swap directory is per process (rank<r> under nvme_path): the world rank, since a
+  // pipeline's or a tensor group's engines share a data-parallel rank.
+  // Optimizer state and parameters on the same nvme_path share the engine's store (its rank
+  // directory is locked by one store).
+  offload::SwapStore* shared = nvme_store && x.o.nvme.path == x.o.param_nvme_path ? nvme_store.get() : nullptr;
+  if (host) spec = host->allocate(spec, World::initialized() ? World::get().rank() : x.rank, shared);
   opt->allocate(spec);
   x.compute.synchronize();
 
@@ -96,6 +109,7 @@ void Engine::State::set_up() {
   }
   params.flush();  // shards on NVMe: the initial values on the drive
 
+  if (host && host->swap()) host->swap()->flush();  // the initial masters onto the drive
   schedule = engine::local_schedule(static_cast<int>(model.units.size()), x.o.gradient_accumulation_steps);
   if (x.o.stage == 3) {
     params.set_order(engine::unit_order(schedule));

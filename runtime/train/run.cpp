@@ -83,18 +83,28 @@ void report_memory_per_rank(Run& run) {
   World& world = run.world;
   const int W = run.W;
   const LedgerSnapshot snap = run.device->ledger().snapshot();
-  const double mine[4] = {static_cast<double>(snap.total[0].current), static_cast<double>(snap.total[0].peak),
-                          static_cast<double>(snap.total[1].current), static_cast<double>(snap.total[1].peak)};
-  std::vector<double> all(static_cast<size_t>(4 * W));
-  ZERO_CHECK_MPI(MPI_Gather(mine, 4, MPI_DOUBLE, all.data(), 4, MPI_DOUBLE, 0, world.comm()));
+  const double mine[6] = {static_cast<double>(snap.total[0].current), static_cast<double>(snap.total[0].peak),
+                          static_cast<double>(snap.total[1].current), static_cast<double>(snap.total[1].peak),
+                          static_cast<double>(snap.total[2].current), static_cast<double>(snap.total[2].peak)};
+  std::vector<double> all(static_cast<size_t>(6 * W));
+  ZERO_CHECK_MPI(MPI_Gather(mine, 6, MPI_DOUBLE, all.data(), 6, MPI_DOUBLE, 0, world.comm()));
   if (world.is_root() && W > 1) {
+    // The nvme column only when some rank keeps state on a drive.
+    bool nvme = false;
+    for (int r = 0; r < W; ++r) nvme = nvme || all[6 * r + 5] > 0;
+    const auto b = [&](int r, int k) { return format_bytes(static_cast<size_t>(all[6 * r + k])); };
     char line[1024];
-    std::string t = "memory per rank (ledger totals)\n  rank   device now  device peak     host now    host peak\n";
+    std::string t = std::string("memory per rank (ledger totals)\n  rank   device now  device peak     host now    host peak") +
+                    (nvme ? "     nvme now\n" : "\n");
     for (int r = 0; r < W; ++r) {
-      std::snprintf(line, sizeof line, "  %4d %12s %12s %12s %12s\n", r,
-                    format_bytes(static_cast<size_t>(all[4 * r])).c_str(), format_bytes(static_cast<size_t>(all[4 * r + 1])).c_str(),
-                    format_bytes(static_cast<size_t>(all[4 * r + 2])).c_str(), format_bytes(static_cast<size_t>(all[4 * r + 3])).c_str());
+      std::snprintf(line, sizeof line, "  %4d %12s %12s %12s %12s", r, b(r, 0).c_str(), b(r, 1).c_str(),
+                    b(r, 2).c_str(), b(r, 3).c_str());
       t += line;
+      if (nvme) {
+        std::snprintf(line, sizeof line, " %12s", b(r, 4).c_str());
+        t += line;
+      }
+      t += "\n";
     }
     t.pop_back();
     log::info(t);
@@ -225,8 +235,12 @@ int set_up_run(Run& run) {
                                                         : std::string("setting up the grid"),
                                  [&] { build_grid_run(run); }))
     return kExitFailure;
-  // With parameters on NVMe the engine also opens its swap directory (nvme_path's errors).
-  if (!on_all_ranks(world, o.param_nvme_path.empty() ? "the model does not fit" : "starting the engine (model state, NVMe swap files)", [&] {
+  // With NVMe offload the engine also opens the swap files, whose errors (a missing, read-only or
+  // full nvme_path) are not a model that does not fit.
+  const std::string engine_what = o.nvme.enabled() || !o.param_nvme_path.empty()
+                                      ? "setting up the engine and its NVMe swap files"
+                                      : "the model does not fit";
+  if (!on_all_ranks(world, engine_what, [&] {
         const TensorPlace tensor{run.tensor_counter.get()};
         if (run.pipe && run.pipe->stage)
           run.engine = std::make_unique<Engine>(run.pipe->stage->view.model, device, *run.stream,

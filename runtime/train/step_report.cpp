@@ -65,6 +65,11 @@ std::string StepReport::metrics(long long step, double loss, const StepStats& st
     j["bubble_max"] = grid.bubble->max;
   }
   if (grid.tensor_bytes) j["tensor_comm_bytes"] = *grid.tensor_bytes;
+  if (grid.nvme) {
+    j["nvme_read_bytes"] = grid.nvme->read;
+    j["nvme_written_bytes"] = grid.nvme->written;
+    j["nvme_bytes"] = snap.total[static_cast<int>(MemSpace::nvme)].current;
+  }
   if (timers)
     j["time"] = {{"forward", st.time.forward},     {"backward", st.time.backward},
                  {"optimizer", st.time.optimizer}, {"comm_busy", st.time.comm_busy},
@@ -94,14 +99,21 @@ void StepReport::print(long long step, long long steps, double loss, const StepS
     std::snprintf(bubble_text + n, sizeof bubble_text - n, " | tensor comm %s/rank",
                   format_bytes(static_cast<size_t>(*grid.tensor_bytes)).c_str());
   }
+  // " | nvme N (read R, written W)" with the optimizer state on NVMe, after the host column.
+  char nvme_text[160] = "";
+  if (grid.nvme)
+    std::snprintf(nvme_text, sizeof nvme_text, " | nvme %s (read %s, written %s)",
+                  format_bytes(snap.total[static_cast<int>(MemSpace::nvme)].current).c_str(),
+                  format_bytes(grid.nvme->read).c_str(), format_bytes(grid.nvme->written).c_str());
   char line[1024];
   std::snprintf(line, sizeof line,
                 "step %lld/%lld | loss %.4f | lr %.3g | grad norm %.3g | loss scale %g%s | "
-                "%.0f tokens/s | %.3g GFLOP/s%s | %.3f s/step%s | device %s | host %s",
+                "%.0f tokens/s | %.3g GFLOP/s%s | %.3f s/step%s | device %s | host %s%s",
                 step, steps, loss, static_cast<double>(st.lr), static_cast<double>(st.grad_norm),
                 st.loss_scale, st.applied ? "" : " (skipped: overflow)", tokens / dt,
                 tokens * flops_per_token / dt * 1e-9, mfu_text(tokens * flops_per_token / dt).c_str(), dt,
-                bubble_text, format_bytes(snap.total[0].current).c_str(), format_bytes(snap.total[1].current).c_str());
+                bubble_text, format_bytes(snap.total[0].current).c_str(), format_bytes(snap.total[1].current).c_str(),
+                nvme_text);
   log::info(line);
   if (!timers) return;
   std::snprintf(line, sizeof line,

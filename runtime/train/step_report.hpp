@@ -38,6 +38,12 @@ struct GridStep {
   // blocks' all-reduces and the rest, counted as a ring algorithm sends them:
   // coll::CountingCommunicator), the same on every rank of a tensor group.
   std::optional<double> tensor_bytes;
+  // With the optimizer state on NVMe: this rank's swap bytes read and written since the last
+  // step's report (completed I/O: a write-back still running at the report counts in the next).
+  struct Nvme {
+    uint64_t read = 0, written = 0;
+  };
+  std::optional<Nvme> nvme;
 };
 
 // The figures a run's step reports derive from, fixed for the run.
@@ -54,7 +60,8 @@ struct StepReport {
 
   // The metrics-file line of step `step`: `loss` the mean over every rank, `tokens` trained by
   // every rank in this step, `seconds` its duration, `snap` this rank's ledger after it;
-  // `grid` with pipeline stages ("bubble", "bubble_max") or tensor slices ("tensor_comm_bytes").
+  // `grid` with pipeline stages ("bubble", "bubble_max") or tensor slices ("tensor_comm_bytes");
+  // with NVMe offload "nvme_read_bytes", "nvme_written_bytes" and the ledger's "nvme_bytes".
   std::string metrics(long long step, double loss, const StepStats& st, double tokens, double seconds,
                       const LedgerSnapshot& snap, const GridStep& grid = {}) const;
   // The log line(s) of step `step` of `steps`; `seconds` is the mean step time since the last

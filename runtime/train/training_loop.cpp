@@ -153,6 +153,7 @@ int train_steps(Run& run, const HeldOutSet& held_out, long long first_step) {
               ", the run ends at " + std::to_string(steps) + ": nothing to train");
   double t_last = now_seconds();
   long long since = 0;
+  Engine::NvmeTraffic nvme_last = engine.nvme_traffic(true);  // set-up's writes are no step's
   StepGuard guard(run.c.ours.max_consecutive_skipped_steps, first_step - 1);
   for (long long step = first_step; step <= steps; ++step) {
     phase::set_step(step);
@@ -176,6 +177,13 @@ int train_steps(Run& run, const HeldOutSet& held_out, long long first_step) {
     double loss = st.loss / W;
     GridStep grid;
     if (run.tensor_counter) grid.tensor_bytes = run.tensor_counter->traffic().ring_bytes() - tensor_sent;
+    if (run.options.nvme.enabled()) {
+      // Since the last report, not since the step's start: the write-backs that finish between
+      // steps (during the loss all-reduce, the report) belong to a step too.
+      const Engine::NvmeTraffic n = engine.nvme_traffic();
+      grid.nvme = GridStep::Nvme{.read = n.read - nvme_last.read, .written = n.written - nvme_last.written};
+      nvme_last = n;
+    }
     if (run.pipe) {
       const PipelineStepFigures f = pipeline_step_figures(run, st);
       loss = f.loss;

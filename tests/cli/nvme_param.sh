@@ -48,5 +48,5 @@ python3 "$src/tests/cli/compare_losses.py" pipe_cpu.jsonl pipe_nvme.jsonl 1 20 0
 rc=0
 "${mpirun[@]}" -np 2 "$zt" --config missing.json --steps 3 > missing.log 2>&1 || rc=$?
 [ "$rc" = 1 ] || { cat missing.log; fail "a missing nvme_path exited $rc, not 1"; }
-grep -q "starting the engine (model state, NVMe swap files): nvme_path .$work/nvme/missing. does not exist" missing.log || { cat missing.log; fail "the error does not name the missing nvme_path"; }
+grep -q "setting up the engine and its NVMe swap files: nvme_path .$work/nvme/missing. does not exist" missing.log || { cat missing.log; fail "the error does not name the missing nvme_path"; }
 echo "parameters on nvme: ok"

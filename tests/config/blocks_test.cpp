@@ -341,7 +341,7 @@ TEST_CASE("aio.thread_count is the old name of intra_op_parallelism", "[aliases]
   INFO(all(r));
   REQUIRE(r.ok());
   CHECK(r.config.aio.intra_op_parallelism == 4);
-  // One note: the old name (the file engine of parameters on NVMe reads the setting).
+  // One note: the old name (the aio settings drive the NVMe swaps).
   CHECK(message_at(r, "aio.thread_count", Severity::warning) ==
         "deprecated name; use 'aio.intra_op_parallelism' instead");
   CHECK(message_at(parse_with(R"("aio": {"thread_count": 4, "intra_op_parallelism": 2})"),

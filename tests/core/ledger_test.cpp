@@ -106,6 +106,25 @@ TEST_CASE("ledger: the table lists every category, both spaces and the capacity"
   CHECK_THAT(t, ContainsSubstring("unlimited"));
 }
 
+TEST_CASE("ledger: the nvme space: its own columns once used, outside the shared capacity") {
+  zero::MemoryLedger l("cpu:0", zero::kUnlimited, zero::kUnlimited, 1000);
+  CHECK_THAT(l.snapshot().table(), !ContainsSubstring("nvme"));  // never used: the old table
+  REQUIRE(l.try_reserve(MemSpace::host, MemCategory::gradients, 900));
+  // The drive is not RAM: 5 MiB of swap files fit although device + host has 100 bytes left.
+  REQUIRE(l.try_reserve(MemSpace::nvme, MemCategory::optimizer_states, 5ull << 20));
+  REQUIRE(l.try_reserve(MemSpace::nvme, MemCategory::master_weights, 2560));
+  CHECK_FALSE(l.try_reserve(MemSpace::host, MemCategory::gradients, 101));  // the shared bound holds
+  CHECK(l.current(MemSpace::nvme) == (5ull << 20) + 2560);
+  const std::string t = l.snapshot().table();
+  CHECK_THAT(t, ContainsSubstring("nvme now"));
+  CHECK_THAT(t, ContainsSubstring("nvme peak"));
+  CHECK_THAT(t, ContainsSubstring("5.00 MiB"));
+  CHECK_THAT(t, ContainsSubstring("2.50 KiB"));
+  CHECK(zero::to_string(MemSpace::nvme) == "nvme");
+  l.release(MemSpace::nvme, MemCategory::optimizer_states, 5ull << 20);
+  CHECK(l.snapshot().at(MemSpace::nvme, MemCategory::optimizer_states).peak == 5ull << 20);
+}
+
 TEST_CASE("ledger: format_bytes") {
   CHECK(zero::format_bytes(0) == "0 B");
   CHECK(zero::format_bytes(1023) == "1023 B");
