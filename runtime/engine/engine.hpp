@@ -315,7 +315,8 @@ class Engine {
   // expected_host_state() holds no master and, as optimizer, only the swap buffers
   // ((buffer_count + 1) x the largest group's 12 bytes per element). Zero without.
   ModelStateBytes expected_nvme_state() const;
-  // The swap's traffic since construction: bytes read and written, its files' bytes, seconds
+  // The NVMe swaps' traffic since construction (optimizer state and parameter shards): bytes
+  // read and written, their files' bytes; of the optimizer state's swap: seconds
   // of I/O (summed over requests; busy: wall time with any in flight), and the part the host
   // optimizer thread waited for (I/O not hidden behind AdamW): hidden = 1 - exposed / busy.
   // Completed I/O only: the last groups' write-backs may still run into the next step, unless

@@ -144,12 +144,17 @@ Engine::ModelStateBytes Engine::expected_nvme_state() const { return s_->nvme_st
 
 Engine::NvmeTraffic Engine::nvme_traffic(bool settle) const {
   NvmeTraffic t;
+  // The parameter shards' files and bytes moved (offload_param nvme), then the optimizer state's.
+  const engine::ParamNvmeCounters p = s_->params.nvme_counters();
+  t.read = p.bytes_read;
+  t.written = p.bytes_written;
+  t.on_drive = p.bytes_on_drive;
   engine::OptimizerSwap* swap = s_->host ? s_->host->swap() : nullptr;
   if (!swap) return t;
   if (settle) s_->host->sync();
-  t.read = swap->bytes_read();
-  t.written = swap->bytes_written();
-  t.on_drive = swap->bytes_on_drive();
+  t.read += swap->bytes_read();
+  t.written += swap->bytes_written();
+  t.on_drive += swap->bytes_on_drive();
   t.io_seconds = swap->io_seconds();
   t.busy_seconds = swap->io_busy_seconds();
   t.exposed_seconds = swap->io_exposed_seconds();

@@ -103,6 +103,7 @@ void OptimizerSwap::read_now(int g, void* buffer) {
     times_->end();
     throw;
   }
+  read_bytes_ += group_bytes(g);
   times_->end();
   times_->io_ns += ns_since(t0);
 }
@@ -117,6 +118,7 @@ void OptimizerSwap::write_now(int g, const void* buffer) {
     times_->end();
     throw;
   }
+  written_bytes_ += group_bytes(g);
   times_->end();
   times_->io_ns += ns_since(t0);
 }

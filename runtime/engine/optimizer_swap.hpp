@@ -36,6 +36,7 @@
 // thread; the tasks on the three streams.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -87,8 +88,9 @@ class OptimizerSwap {
 
   // The store's files on the drive (padded), and bytes moved since construction.
   uint64_t bytes_on_drive() const { return store_->bytes_on_drive(); }
-  uint64_t bytes_read() const { return engine_->bytes_read(); }
-  uint64_t bytes_written() const { return engine_->bytes_written(); }
+  // Its own files' bytes moved (the store's engine may be shared with the parameters' swap).
+  uint64_t bytes_read() const { return read_bytes_.load(); }
+  uint64_t bytes_written() const { return written_bytes_.load(); }
   // Host bytes of the slots and the access buffer.
   size_t buffer_bytes() const { return buffer_bytes_; }
   const std::string& directory() const { return store_->directory(); }
@@ -112,7 +114,8 @@ class OptimizerSwap {
   std::vector<int64_t> numel_;
   MemoryLedger& ledger_;
   size_t ledger_master_ = 0, ledger_moments_ = 0;  // reserved in space nvme
-  std::unique_ptr<offload::AioEngine> engine_;
+  std::unique_ptr<offload::AioEngine> engine_;  // null with a shared store
+  std::atomic<uint64_t> read_bytes_{0}, written_bytes_{0};
   std::unique_ptr<offload::SwapStore> own_store_;
   offload::SwapStore* store_ = nullptr;  // own_store_, or the shared one
   std::vector<offload::HostBuffer> slots_;

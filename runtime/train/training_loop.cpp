@@ -177,7 +177,7 @@ int train_steps(Run& run, const HeldOutSet& held_out, long long first_step) {
     double loss = st.loss / W;
     GridStep grid;
     if (run.tensor_counter) grid.tensor_bytes = run.tensor_counter->traffic().ring_bytes() - tensor_sent;
-    if (run.options.nvme.enabled()) {
+    if (run.options.nvme.enabled() || !run.options.param_nvme_path.empty()) {
       // Since the last report, not since the step's start: the write-backs that finish between
       // steps (during the loss all-reduce, the report) belong to a step too.
       const Engine::NvmeTraffic n = engine.nvme_traffic();

@@ -5,7 +5,8 @@
 # digits, steps 1-30) on 2 ranks; the swap files are gone after the run; the config reader does
 # not call offload_param nvme "not implemented"; a missing nvme_path is exit 1 naming the path.
 # The same on 2 pipeline stages (configs/cpu/pipeline2.json at ZeRO stage 3): each stage's
-# process has its own swap directory (rank<r> counts every process of the grid).
+# process has its own swap directory (rank<r> counts every process of the grid). And with the
+# optimizer state on the same nvme_path too (both tiers share the rank directory's store).
 # usage: nvme_param.sh ZERO_TRAIN SOURCE_DIR WORK_DIR MPIRUN [MPIRUN ARGS...]
 set -euo pipefail
 zt=$1 src=$2 work=$3
@@ -21,6 +22,10 @@ json.dump(c, open("cpu.json", "w"), indent=2)
 c["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": sys.argv[2], "pin_memory": True,
                                            "buffer_count": 2, "max_in_cpu": 0}
 json.dump(c, open("nvme.json", "w"), indent=2)
+both = json.loads(json.dumps(c))
+both["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": sys.argv[2], "buffer_count": 2,
+                                                  "pipeline_read": True, "pipeline_write": True}
+json.dump(both, open("both.json", "w"), indent=2)
 c["zero_optimization"]["offload_param"]["nvme_path"] = sys.argv[2] + "/missing"
 json.dump(c, open("missing.json", "w"), indent=2)
 PY
@@ -40,6 +45,10 @@ grep -q "parameters offloaded to NVMe" nvme.log || { cat nvme.log; fail "the sta
 python3 "$src/tests/cli/compare_losses.py" cpu.jsonl nvme.jsonl 1 30 0
 if grep -q "offload_param.*not implemented" nvme.log; then cat nvme.log; fail "offload_param nvme is still reported as not implemented"; fi
 [ ! -e "$work/nvme/zero-swap" ] || { ls -R "$work/nvme"; fail "swap files left behind"; }
+# Optimizer state and parameters on the same nvme_path: one swap store per rank directory.
+"${mpirun[@]}" -np 2 "$zt" --config both.json --steps 30 --metrics both.jsonl > both.log 2>&1 || { cat both.log; fail "run with both tiers on nvme failed"; }
+python3 "$src/tests/cli/compare_losses.py" cpu.jsonl both.jsonl 1 30 0
+[ ! -e "$work/nvme/zero-swap" ] || { ls -R "$work/nvme"; fail "swap files left behind by the run with both tiers"; }
 for n in pipe_cpu pipe_nvme; do
   "${mpirun[@]}" -np 2 "$zt" --config $n.json --steps 20 --metrics $n.jsonl > $n.log 2>&1 || { cat $n.log; fail "$n failed"; }
 done
