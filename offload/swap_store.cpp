@@ -160,23 +160,23 @@ AioHandle SwapStore::read(const std::string& name, void* buffer) {
 AioHandle SwapStore::write(const std::string& name, const void* buffer, size_t length,
                            uint64_t offset) {
   std::lock_guard<std::mutex> lock(mu_);
-  const Tensor& t = find(name);
-  ZERO_REQUIRE(offset + length <= padded(t.bytes),
-               "SwapStore: write of [" + std::to_string(offset) + ", " +
-                   std::to_string(offset + length) + ") is past the end of tensor '" + name +
-                   "' (" + std::to_string(padded(t.bytes)) + " bytes padded)");
-  return engine_.write(t.file, buffer, length, offset);
+  return engine_.write(ranged(name, "write", length, offset).file, buffer, length, offset);
 }
 
 AioHandle SwapStore::read(const std::string& name, void* buffer, size_t length,
                           uint64_t offset) {
   std::lock_guard<std::mutex> lock(mu_);
+  return engine_.read(ranged(name, "read", length, offset).file, buffer, length, offset);
+}
+
+const SwapStore::Tensor& SwapStore::ranged(const std::string& name, const char* what, size_t length,
+                                           uint64_t offset) const {
   const Tensor& t = find(name);
   ZERO_REQUIRE(offset + length <= padded(t.bytes),
-               "SwapStore: read of [" + std::to_string(offset) + ", " +
+               "SwapStore: " + std::string(what) + " of [" + std::to_string(offset) + ", " +
                    std::to_string(offset + length) + ") is past the end of tensor '" + name +
                    "' (" + std::to_string(padded(t.bytes)) + " bytes padded)");
-  return engine_.read(t.file, buffer, length, offset);
+  return t;
 }
 
 void SwapStore::remove(const std::string& name) {

@@ -77,6 +77,8 @@ class SwapStore {
     size_t bytes = 0;
   };
   const Tensor& find(const std::string& name) const;  // under mu_
+  // find(name), checked that [offset, offset + length) lies inside its padded bytes; under mu_.
+  const Tensor& ranged(const std::string& name, const char* what, size_t length, uint64_t offset) const;
   std::string file_of(const std::string& name) const { return dir_ + "/" + name + ".swp"; }
 
   AioEngine& engine_;

@@ -93,34 +93,30 @@ OptimizerSwap::~OptimizerSwap() {
   ledger_.release(MemSpace::nvme, MemCategory::optimizer_states, ledger_moments_);
 }
 
-void OptimizerSwap::read_now(int g, void* buffer) {
+// One synchronous request of group g's file, timed (io and busy seconds) and counted in `moved`
+// once it completed.
+template <class Submit>
+void OptimizerSwap::timed(int g, std::atomic<uint64_t>& moved, Submit&& submit) {
   if (numel_[static_cast<size_t>(g)] == 0) return;
   const double t0 = now_seconds();
   times_->begin();
   try {
-    store_->engine().wait(store_->read(file_name(g), buffer));
+    store_->engine().wait(submit());
   } catch (...) {
     times_->end();
     throw;
   }
-  read_bytes_ += group_bytes(g);
+  moved += group_bytes(g);
   times_->end();
   times_->io_ns += ns_since(t0);
 }
 
+void OptimizerSwap::read_now(int g, void* buffer) {
+  timed(g, read_bytes_, [&] { return store_->read(file_name(g), buffer); });
+}
+
 void OptimizerSwap::write_now(int g, const void* buffer) {
-  if (numel_[static_cast<size_t>(g)] == 0) return;
-  const double t0 = now_seconds();
-  times_->begin();
-  try {
-    store_->engine().wait(store_->write(file_name(g), buffer));
-  } catch (...) {
-    times_->end();
-    throw;
-  }
-  written_bytes_ += group_bytes(g);
-  times_->end();
-  times_->io_ns += ns_since(t0);
+  timed(g, written_bytes_, [&] { return store_->write(file_name(g), buffer); });
 }
 
 void OptimizerSwap::read_ahead(int g, size_t s) {

@@ -109,6 +109,8 @@ class OptimizerSwap {
   // On the reader: g's file into slot s, after the slot's and g's last write-backs.
   void read_ahead(int g, size_t s);
   void write_now(int g, const void* buffer);
+  template <class Submit>
+  void timed(int g, std::atomic<uint64_t>& moved, Submit&& submit);
 
   NvmeOptimizerOptions o_;
   std::vector<int64_t> numel_;
