@@ -63,7 +63,9 @@ inline void store_copy(half* c, size_t i, float p) { c[i] = to_half(p); }
 inline void store_copy(bfloat16* c, size_t i, float p) { c[i] = to_bfloat16(p); }
 
 // The state one range reads and writes: in place (in == out) or from one buffer into another
-// (HostAdam::step_into). Not __restrict: in and out may be the same memory.
+// (HostAdam::step_into). Not __restrict: in and out may be the same memory. Nor are grad and copy:
+// they may be the same memory too (element i of each at the same address, HostAdam::step_into),
+// which is safe because every path reads an element's gradient before it writes its copy.
 struct State {
   const float *p_in, *m_in, *v_in;
   float *p, *m, *v;
@@ -71,8 +73,8 @@ struct State {
 };
 
 template <class G, bool kAdamW, class C>
-inline void adam_element(const AdamScalars& s, const State& x, const G* __restrict grad,
-                         C* __restrict copy, size_t i) {
+inline void adam_element(const AdamScalars& s, const State& x, const G* grad,
+                         C* copy, size_t i) {
   float p = x.p_in[i];
   float g = load_grad(grad[i]) * s.grad_scale;
   if constexpr (!kAdamW) g = g + s.l2 * p;
@@ -92,8 +94,8 @@ inline void adam_element(const AdamScalars& s, const State& x, const G* __restri
 // with -fno-math-errno (the "no-math-errno" optimize pragma does not reach the builtin's
 // declaration), and an x86-64 CPU without AVX2 and F16C predates 2013.
 template <class G, bool kAdamW, class C>
-void portable_range(const AdamScalars& s, const State& x, const G* __restrict grad,
-                    C* __restrict copy, size_t n) {
+void portable_range(const AdamScalars& s, const State& x, const G* grad,
+                    C* copy, size_t n) {
   for (size_t i = 0; i < n; ++i) adam_element<G, kAdamW, C>(s, x, grad, copy, i);
 }
 
@@ -156,8 +158,8 @@ ZERO_AVX512 inline void store16(bfloat16* c, __m512 p, bool stream) {
 }
 
 template <class G, bool kAdamW, class C>
-ZERO_AVX512 void avx512_range(const AdamScalars& s, const State& x, const G* __restrict grad,
-                              C* __restrict copy, size_t n) {
+ZERO_AVX512 void avx512_range(const AdamScalars& s, const State& x, const G* grad,
+                              C* copy, size_t n) {
   // Peel to a 64-byte aligned parameter input so its loads never split a cache line (the other
   // streams are usually offset alike: they come from equally aligned buffers).
   const size_t misalign = (reinterpret_cast<uintptr_t>(x.p_in) / sizeof(float)) % 16;
@@ -235,8 +237,8 @@ ZERO_AVX2 inline void store8(bfloat16* c, __m256 p, bool stream) {
 }
 
 template <class G, bool kAdamW, class C>
-ZERO_AVX2 void avx2_range(const AdamScalars& s, const State& x, const G* __restrict grad,
-                          C* __restrict copy, size_t n) {
+ZERO_AVX2 void avx2_range(const AdamScalars& s, const State& x, const G* grad,
+                          C* copy, size_t n) {
   const size_t misalign = (reinterpret_cast<uintptr_t>(x.p_in) / sizeof(float)) % 8;
   const size_t head = std::min(n, misalign ? 8 - misalign : 0);
   portable_range<G, kAdamW, C>(s, x, grad, copy, head);

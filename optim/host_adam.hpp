@@ -78,7 +78,9 @@ class HostAdam {
             DType copy_dtype = DType::bf16);
 
   // The same step out of place: reads param_in, m_in, v_in and writes param, m, v (each pair
-  // either the same buffer or not overlapping at all). Identical bits to step(). The engine's
+  // either the same buffer or not overlapping at all). Identical bits to step(). param_copy may
+  // also be grad itself when copy_dtype is grad_dtype: each element's gradient is read before its
+  // copy is written (the NVMe tier writes the new 16-bit parameters over the landed gradients). The engine's
   // speculative host step runs AdamW into a second copy of the state, which it keeps or drops
   // once the global gradient norm is known, so a wrong guess costs no extra memory traffic.
   void step_into(const AdamParams& params, const AdamStep& step, const float* param_in,

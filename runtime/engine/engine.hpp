@@ -80,6 +80,9 @@ struct NvmeOptimizerOptions {
   int buffer_count = 4;         // offload_optimizer.buffer_count: pinned swap buffers, >= 1
   bool pipeline_read = false;   // offload_optimizer.pipeline_read: reads overlap AdamW
   bool pipeline_write = false;  // offload_optimizer.pipeline_write: writes overlap AdamW
+  // zero_optimization.sub_group_size: the most elements of state swapped (and held in a host
+  // buffer) at once; a group larger than this moves in pieces. >= 1.
+  int64_t sub_group_size = 1'000'000'000;
   offload::AioOptions aio;      // the "aio" block
   bool enabled() const noexcept { return !path.empty(); }
 };
@@ -292,7 +295,8 @@ class Engine {
   };
   ModelStateBytes expected_model_state() const;
   // With offload: the model state in host memory (ledger: host column), by the same categories:
-  //   parameters  e Psi_o (the updated 16-bit shard on its way up) + with offload_param the
+  //   parameters  e Psi_o (the updated 16-bit shard on its way up; none with the optimizer state
+  //               on NVMe, which writes it over the landed gradient) + with offload_param the
   //               partitioned groups' shards (on NVMe: those kept under param_max_in_cpu, plus
   //               the swap buffers, min(param_buffer_count, shards on the drive) x the largest
   //               of those shards rounded up to 4096 bytes)
@@ -311,9 +315,9 @@ class Engine {
   // construction, and the swap buffers' host bytes (zeros without it).
   engine::ParamNvmeCounters param_nvme_counters() const;
   // With the optimizer state on NVMe (EngineOptions::nvme): its files on the drive by the same
-  // categories (master 4 Psi_o, optimizer 8 Psi_o, each group padded to 4096 bytes); with it,
-  // expected_host_state() holds no master and, as optimizer, only the swap buffers
-  // ((buffer_count + 1) x the largest group's 12 bytes per element). Zero without.
+  // categories (master 4 Psi_o, optimizer 8 Psi_o, each sub-group's array padded to 4096 bytes);
+  // with it, expected_host_state() holds no master and, as optimizer, only the swap buffers
+  // ((buffer_count + 1) x the largest sub-group's 12 bytes per element). Zero without.
   ModelStateBytes expected_nvme_state() const;
   // The NVMe swaps' traffic since construction (optimizer state and parameter shards): bytes
   // read and written, their files' bytes; of the optimizer state's swap: seconds

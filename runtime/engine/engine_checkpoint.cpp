@@ -25,8 +25,8 @@ std::vector<float> Engine::parameter(int p) {
   for (const Partition::Piece& pc : s.x.owned_pieces(loc.group)) {
     if (pc.param != p) continue;
     const size_t bytes = static_cast<size_t>(pc.count) * 4;
-    if (float* master = s.opt->state(loc.group, 0)) {
-      s.opt->copy_state(out.data() + pc.param_offset, master + pc.shard_offset, bytes);
+    if (s.opt->keeps(0)) {
+      s.opt->read_state(loc.group, 0, pc.shard_offset, out.data() + pc.param_offset, pc.count);
     } else {  // fp32 without offload: the working parameters (device) are the master
       s.x.copy_now(out.data() + pc.param_offset, s.params.working(loc.group, pc.shard_offset), bytes);
     }
@@ -108,8 +108,8 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag,
     for (int a = 0; a < 3; ++a) {
       float* dst = data[static_cast<size_t>(a)].data() + k;
       const size_t bytes = static_cast<size_t>(pc.count) * 4;
-      if (const float* src = s.opt->state(g, a)) {
-        s.opt->copy_state(dst, src + pc.shard_offset, bytes);
+      if (s.opt->keeps(a)) {
+        s.opt->read_state(g, a, pc.shard_offset, dst, pc.count);
       } else {  // fp32 without offload: the working parameters (device) are the master
         s.x.copy_now(dst, s.params.working(g, pc.shard_offset), bytes);
       }
@@ -279,19 +279,9 @@ void Engine::State::install(const EnginePieces& ep, const float* master_vals, co
   opt->state_replaced();
   int64_t k = 0;
   for (const auto& [g, pc] : ep.where) {
-    const size_t n = static_cast<size_t>(pc.count);
     const float* src[3] = {master_vals + k, m_vals ? m_vals + k : nullptr, v_vals ? v_vals + k : nullptr};
     for (int a = 0; a < 3; ++a)
-      if (float* dst = opt->state(g, a)) {
-        if (src[a]) {
-          opt->copy_state(dst + pc.shard_offset, src[a], n * 4);
-        } else if (host) {
-          std::memset(dst + pc.shard_offset, 0, n * 4);
-        } else {
-          x.dev.fill_async(dst + pc.shard_offset, 0, n * 4, x.compute);
-          x.compute.synchronize();
-        }
-      }
+      if (opt->keeps(a)) opt->write_state(g, a, pc.shard_offset, src[a], pc.count);  // null: zeros
     // The working copy: the master rounded to the parameter type, where this rank keeps it.
     x.upload_as(params.working(g, pc.shard_offset), x.dtype, master_vals + k, pc.count, params.shard_on_host(g));
     k += pc.count;

@@ -63,6 +63,7 @@ EngineOptions engine_options(const config::Config& c) {
     o.nvme.buffer_count = static_cast<int>(oo.buffer_count);
     o.nvme.pipeline_read = oo.pipeline_read;
     o.nvme.pipeline_write = oo.pipeline_write;
+    o.nvme.sub_group_size = c.zero.sub_group_size;
     o.nvme.aio = config::to_aio_options(c.aio);
   }
   o.offload_param = c.zero.offload_param.enabled();

@@ -19,7 +19,9 @@
 //   zero_optimization.stage3_max_live_parameters    max_live_parameters
 //   zero_optimization.stage3_param_persistence_threshold   param_persistence_threshold
 //   wall_clock_breakdown                            timers
-//   zero_optimization.offload_optimizer.device      offload_optimizer (cpu; nvme runs as cpu)
+//   zero_optimization.offload_optimizer.device      offload_optimizer; "nvme": nvme (path,
+//                                                   buffer_count, pipeline_read/_write, aio)
+//   zero_optimization.sub_group_size (nvme)          nvme.sub_group_size
 //   zero_optimization.offload_param.device          offload_param; "nvme": param_nvme_path
 //   offload_param.nvme_path, buffer_count, buffer_size, max_in_cpu (nvme)
 //                                                   param_nvme_path, param_buffer_count,
@@ -31,7 +33,8 @@
 // Keys the engine reads no field for, and why (docs/engine.md): allgather_bucket_size (the
 // step-end all-gather is in place, one per group: it needs no bucket buffer), contiguous_gradients
 // (always: gradients live in flat per-group buffers), stage3_max_reuse_distance (a group is kept
-// when the next Unit uses it), stage3_model_persistence_threshold, sub_group_size.
+// when the next Unit uses it), stage3_model_persistence_threshold, sub_group_size without NVMe
+// (host AdamW already runs in cache-sized chunks; only the swap needs the cut).
 #pragma once
 
 #include "runtime/config/config.hpp"

@@ -27,8 +27,8 @@ bool HostOffload::allocate(bool second_bank, int swap_rank, offload::SwapStore* 
     h_acc_ = host_->allocate(owned * 4, MemCategory::gradients);
     std::memset(h_acc_.data(), 0, h_acc_.bytes());
   }
-  h_out_ = host_->allocate(owned * e, MemCategory::parameters);
   const int G = x_.part.group_count();
+  if (!x_.o.nvme.enabled()) h_out_ = host_->allocate(owned * e, MemCategory::parameters);
   if (x_.o.nvme.enabled()) {
     std::vector<int64_t> numel;
     for (int g = 0; g < G; ++g) numel.push_back(x_.owned_len(g));
@@ -119,31 +119,31 @@ const unsigned char* HostOffload::grad(int g) const {
   return static_cast<const unsigned char*>(h_land_.data()) + static_cast<size_t>(x_.owned_off[gi]) * x_.esize();
 }
 
-float* HostOffload::state(int g, int k, bool second_bank) const {
-  if (swap_) return swap_->state(g, k);
+float* HostOffload::state(int g, int k, bool second_bank, int64_t lo) const {
+  if (swap_) return swap_->state(g, k, lo);
   const offload::HostBuffer& b = k == 0 ? (second_bank ? h_master2_ : h_master_)
                                : k == 1 ? (second_bank ? h_m2_ : h_m_)
                                         : (second_bank ? h_v2_ : h_v_);
-  return b.as<float>() + x_.owned_off[static_cast<size_t>(g)];
+  return b.as<float>() + x_.owned_off[static_cast<size_t>(g)] + lo;
 }
 
 unsigned char* HostOffload::out(int g) const {
-  return static_cast<unsigned char*>(h_out_.data()) +
+  return static_cast<unsigned char*>(out_buffer().data()) +
          static_cast<size_t>(x_.owned_off[static_cast<size_t>(g)]) * x_.esize();
 }
 
 void HostOffload::copy_up(int g, void* dst, size_t bytes) {
   const double t0 = now_seconds();
-  copies_->to_device(dst, h_out_, static_cast<size_t>(x_.owned_off[static_cast<size_t>(g)]) * x_.esize(), bytes).wait();
+  copies_->to_device(dst, out_buffer(), static_cast<size_t>(x_.owned_off[static_cast<size_t>(g)]) * x_.esize(), bytes).wait();
   x_.timers.h2d += now_seconds() - t0;
 }
 
-void HostOffload::run_adam(int g, std::function<void()> adam, bool after_landing) {
+void HostOffload::run_adam(int g, std::function<void(int64_t lo, int64_t n)> adam, bool after_landing) {
   const size_t gi = static_cast<size_t>(g);
   if (swap_) return swap_->schedule(g, *optimizer_, after_landing ? land_done_[gi].get() : nullptr,
                                     std::move(adam), *adam_done_[gi]);
   if (after_landing) optimizer_->wait(*land_done_[gi]);
-  optimizer_->launch_host(std::move(adam));
+  optimizer_->launch_host([adam = std::move(adam), n = x_.owned_len(g)] { adam(0, n); });
   optimizer_->record(*adam_done_[gi]);
 }
 

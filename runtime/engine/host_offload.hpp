@@ -62,18 +62,24 @@ class HostOffload {
   // The squared norm of group g's final gradient shard (after wait_norms()).
   double partial_norm(int g) const { return partial_[static_cast<size_t>(g)]; }
 
-  // AdamW's fp32 state of group g's owned range: k = 0 master, 1 m, 2 v, in the first or the
-  // second bank. With NVMe offload see OptimizerSwap::state (valid inside g's AdamW task, or
-  // between steps on the driving thread until the next state() of another group).
-  float* state(int g, int k, bool second_bank) const;
-  // Group g's updated working copy (owned range, param_type) on its way up.
+  // AdamW's fp32 state of group g's owned range from element lo on: k = 0 master, 1 m, 2 v, in
+  // the first or the second bank. With NVMe offload see OptimizerSwap::state (valid only inside
+  // the AdamW task of the sub-group starting at lo; between steps use its read_state /
+  // write_state).
+  float* state(int g, int k, bool second_bank, int64_t lo = 0) const;
+  // Group g's updated working copy (owned range, param_type) on its way up. With NVMe offload it
+  // is written over the landed gradient (the same bytes: AdamW reads each element's gradient
+  // before it writes its copy), so host memory holds one owned-size 16-bit buffer, not two; the
+  // next landing comes after the copy up. Without NVMe it has its own buffer, because the
+  // speculative step may have to run AdamW again from the gradient.
   unsigned char* out(int g) const;
   // Copies group g's updated working copy up to `dst` (device), waiting for the copy.
   void copy_up(int g, void* dst, size_t bytes);
 
-  // Runs `adam` for group g on the optimizer thread (after g's landing when `after_landing`);
-  // wait_adam(g) waits for the last one.
-  void run_adam(int g, std::function<void()> adam, bool after_landing);
+  // Runs `adam(lo, n)` over group g's owned range on the optimizer thread (after g's landing when
+  // `after_landing`): in one call, or with NVMe offload once per sub-group; wait_adam(g) waits
+  // for the last one.
+  void run_adam(int g, std::function<void(int64_t lo, int64_t n)> adam, bool after_landing);
   void wait_adam(int g) { wait_worker(*adam_done_[static_cast<size_t>(g)]); }
   // At a step's start: with NVMe offload and pipeline_read, the first groups' state is read
   // during forward and backward (OptimizerSwap::prefetch).
@@ -114,6 +120,8 @@ class HostOffload {
   offload::HostBuffer h_land_;   // owned_total x e: this micro-batch's reduced shard, landed
   offload::HostBuffer h_acc_;    // owned_total fp32: accumulator (stage 2/3, accumulation)
   offload::HostBuffer h_out_;    // owned_total x e: AdamW's updated working copy, going up
+                                 // (empty with NVMe offload: h_land_ holds it)
+  const offload::HostBuffer& out_buffer() const { return h_out_ ? h_out_ : h_land_; }
   offload::HostBuffer h_master_, h_m_, h_v_;     // owned_total fp32
   offload::HostBuffer h_master2_, h_m2_, h_v2_;  // the speculative step's second bank
   std::vector<double> partial_;  // per group: local squared norm of the final gradient shard

@@ -39,7 +39,9 @@ Engine::ModelStateBytes Engine::State::host_state(bool second_bank) const {
   if (!x.off) return b;
   const size_t owned = static_cast<size_t>(x.owned_total);
   const size_t e = size_of(x.dtype);
-  b.parameters = e * owned;
+  // The updated 16-bit shard on its way up; with NVMe offload written over the landed gradient
+  // (HostOffload::out), so counted once, as gradients.
+  b.parameters = x.o.nvme.enabled() ? 0 : e * owned;
   // Partitioned shards in host RAM; those on NVMe take the swap buffers instead (ParamResidency:
   // at most buffer_count of them, each as large as the largest shard on the drive, padded).
   size_t on_drive = 0, largest = 0;
@@ -58,10 +60,11 @@ Engine::ModelStateBytes Engine::State::host_state(bool second_bank) const {
   b.gradients = e * owned + (x.host_fp32_acc() ? 4 * owned : 0);
   if (x.o.nvme.enabled()) {
     // On the drive (nvme_state()); in host memory only the swap buffers: buffer_count slots and
-    // the access buffer, each the largest group's master | m | v.
+    // the access buffer, each the largest sub-group's master | m | v.
     size_t largest = offload::kAioAlignment;
     for (int g = 0; g < x.part.group_count(); ++g)
-      largest = std::max(largest, 3 * offload::SwapStore::padded(static_cast<size_t>(x.owned_len(g)) * 4));
+      for (int64_t n : engine::OptimizerSwap::cut(x.owned_len(g), x.o.nvme.sub_group_size))
+        largest = std::max(largest, 3 * offload::SwapStore::padded(static_cast<size_t>(n) * 4));
     b.optimizer = largest * static_cast<size_t>(x.o.nvme.buffer_count + 1);
     return b;
   }
@@ -74,11 +77,12 @@ Engine::ModelStateBytes Engine::State::host_state(bool second_bank) const {
 Engine::ModelStateBytes Engine::State::nvme_state() const {
   ModelStateBytes b;
   if (!x.off || !x.o.nvme.enabled()) return b;
-  for (int g = 0; g < x.part.group_count(); ++g) {
-    const size_t seg = offload::SwapStore::padded(static_cast<size_t>(x.owned_len(g)) * 4);
-    b.master += seg;
-    b.optimizer += 2 * seg;
-  }
+  for (int g = 0; g < x.part.group_count(); ++g)
+    for (int64_t n : engine::OptimizerSwap::cut(x.owned_len(g), x.o.nvme.sub_group_size)) {
+      const size_t seg = offload::SwapStore::padded(static_cast<size_t>(n) * 4);
+      b.master += seg;
+      b.optimizer += 2 * seg;
+    }
   return b;
 }
 
@@ -116,6 +120,10 @@ void Engine::State::check_fits() const {
            " of the host memory limit " + format_bytes(hcap) + " are free";
     hint = "use more ranks (on more nodes), a smaller model, or a larger "
            "zero_train.host_memory_limit if the host really has the memory";
+    if (x.o.nvme.enabled())
+      hint = "the optimizer state's swap buffers take (buffer_count + 1) x 12 bytes x the largest "
+             "sub-group: lower zero_optimization.sub_group_size (now " + std::to_string(x.o.nvme.sub_group_size) +
+             ") or offload_optimizer.buffer_count, or " + hint;
   } else if (shared != kUnlimited && over(dnow + hnow, d.total() + h.total(), shared)) {
     what = "out of memory on " + x.dev.name() + ": the model state needs " + state_text(d) +
            " of device memory" + (h.total() ? " and " + state_text(h) + " of host memory" : "") +

@@ -45,16 +45,38 @@ void OptimizerStep::allocate(bool speculative) {
                          ScalarType::f32, MemCategory::other);
 }
 
-float* OptimizerStep::state(int g, int k, bool other) const {
+float* OptimizerStep::state(int g, int k, bool other, int64_t lo) const {
   const size_t gi = static_cast<size_t>(g);
-  if (host_) return host_->state(g, k, spec_ && ((bank_[gi] != 0) != other));
+  if (host_) return host_->state(g, k, spec_ && ((bank_[gi] != 0) != other), lo);
   const Tensor& t = k == 0 ? master_ : k == 1 ? m_ : v_;
-  return t ? t.data_as<float>() + x_.owned_off[gi] : nullptr;
+  return t ? t.data_as<float>() + x_.owned_off[gi] + lo : nullptr;
 }
 
-void OptimizerStep::copy_state(void* dst, const void* src, size_t bytes) {
-  if (host_) std::memcpy(dst, src, bytes);
-  else x_.copy_now(dst, src, bytes);
+bool OptimizerStep::keeps(int k) const {
+  if (host_) return true;
+  return static_cast<bool>(k == 0 ? master_ : k == 1 ? m_ : v_);
+}
+
+void OptimizerStep::read_state(int g, int k, int64_t off, float* dst, int64_t n) {
+  if (host_ && host_->swap()) return host_->swap()->read_state(g, k, off, dst, n);
+  const float* src = state(g, k, false, off);
+  if (host_) std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+  else x_.copy_now(dst, src, static_cast<size_t>(n) * 4);
+}
+
+void OptimizerStep::write_state(int g, int k, int64_t off, const float* src, int64_t n) {
+  if (host_ && host_->swap()) return host_->swap()->write_state(g, k, off, src, n);
+  float* dst = state(g, k, false, off);
+  const size_t bytes = static_cast<size_t>(n) * 4;
+  if (host_) {
+    if (src) std::memcpy(dst, src, bytes);
+    else std::memset(dst, 0, bytes);
+  } else if (src) {
+    x_.copy_now(dst, src, bytes);
+  } else {
+    x_.dev.fill_async(dst, 0, bytes, x_.compute);
+    x_.compute.synchronize();
+  }
 }
 
 optim::AdamStep OptimizerStep::adam_step(int64_t t, float grad_scale, optim::AdamParams& hp) const {
@@ -73,7 +95,7 @@ void OptimizerStep::plan_speculation() {
 void OptimizerStep::landed(int g, bool last) {
   if (!last || !speculating_) return;
   // The group's gradient is final: its AdamW, ahead of the norm.
-  host_->run_adam(g, [this, g] { timed_adam(g, spec_as_, spec_hp_, true); }, true);
+  host_->run_adam(g, [this, g](int64_t lo, int64_t n) { timed_adam(g, spec_as_, spec_hp_, true, lo, n); }, true);
   spec_order_.push_back(g);
 }
 
@@ -114,50 +136,60 @@ std::pair<double, double> OptimizerStep::exchange(coll::Communicator& c, double 
   return {sq, all[2 * (P - 1) + 1]};
 }
 
-void OptimizerStep::timed_adam(int g, const optim::AdamStep& as, const optim::AdamParams& hp, bool ahead) {
+void OptimizerStep::timed_adam(int g, const optim::AdamStep& as, const optim::AdamParams& hp, bool ahead,
+                               int64_t lo, int64_t n) {
   const double t0 = now_seconds();
-  adam_group(g, as, hp, ahead);
+  adam_group(g, as, hp, ahead, lo, n);
   x_.timers.adam_ns += static_cast<int64_t>((now_seconds() - t0) * 1e9);
 }
 
-// AdamW on this rank's owned range of group g, writing the fp32 master (or the fp32 working
-// parameters) and the working copy: in place on the device, or with offload into the host's
-// `out` (the host shard itself for an offloaded parameter shard). `ahead` (speculative host
-// step): from the current bank into the other one, and the working copy always into `out`, so
-// that nothing a later use reads changes before the boundary knows the step is applied (it then
-// flips the group's bank and, for an offloaded shard, copies `out` into it).
-void OptimizerStep::adam_group(int g, const optim::AdamStep& as, const optim::AdamParams& base, bool ahead) {
+// AdamW on elements [lo, lo + n) of this rank's owned range of group g, writing the fp32 master
+// (or the fp32 working parameters) and the working copy: in place on the device, or with offload
+// into the host's `out` (the host shard itself for an offloaded parameter shard). `ahead`
+// (speculative host step): from the current bank into the other one, and the working copy always
+// into `out`, so that nothing a later use reads changes before the boundary knows the step is
+// applied (it then flips the group's bank and, for an offloaded shard, copies `out` into it).
+// A range cuts the group's pieces where it begins and ends (the NVMe tier's sub-groups): AdamW is
+// element-wise, so the cut changes no bit.
+void OptimizerStep::adam_group(int g, const optim::AdamStep& as, const optim::AdamParams& base, bool ahead,
+                               int64_t lo, int64_t n) {
   optim::AdamParams hp = base;
-  float* const p_in = state(g, 0);
-  float* const m_in = state(g, 1);
-  float* const v_in = state(g, 2);
-  float* const p_out = state(g, 0, ahead);
-  float* const m_out = state(g, 1, ahead);
-  float* const v_out = state(g, 2, ahead);
+  const int64_t hi = n < 0 ? x_.owned_len(g) : lo + n;
+  // The state pointers start at element lo (with NVMe offload they point into lo's swap slot).
+  float* const p_in = state(g, 0, false, lo);
+  float* const m_in = state(g, 1, false, lo);
+  float* const v_in = state(g, 2, false, lo);
+  float* const p_out = state(g, 0, ahead, lo);
+  float* const m_out = state(g, 1, ahead, lo);
+  float* const v_out = state(g, 2, ahead, lo);
   const size_t e = x_.esize();
   for (const Partition::Piece& pc : x_.owned_pieces(g)) {
+    const int64_t begin = std::max(lo, pc.shard_offset);
+    const int64_t end = std::min(hi, pc.shard_offset + pc.count);
+    if (begin >= end) continue;
+    const size_t count = static_cast<size_t>(end - begin);
     const bool decays = x_.o.weight_decay_all || x_.model.params[static_cast<size_t>(pc.param)].weight_decay;
     hp.weight_decay = decays ? base.weight_decay : 0.0f;
-    const size_t k = static_cast<size_t>(pc.shard_offset);
+    const size_t k = static_cast<size_t>(begin);       // in the owned range (working copy, gradient)
+    const size_t r = static_cast<size_t>(begin - lo);  // from lo (the state pointers)
     unsigned char* working;
     // (A shard on NVMe gets its new copy in `out` too: apply() stores it from there.)
     if (!host_ || (params_.shard_on_host(g) && !params_.shard_on_drive(g) && !ahead))
-      working = params_.working(g, pc.shard_offset);
+      working = params_.working(g, begin);
     else
       working = host_->out(g) + k * e;
-    float* p = p_in ? p_in + k : reinterpret_cast<float*>(working);
-    float* po = p_out ? p_out + k : p;
+    float* p = p_in ? p_in + r : reinterpret_cast<float*>(working);
+    float* po = p_out ? p_out + r : p;
     const bool copy16 = p_in && x_.dtype != DType::f32;
     const unsigned char* gr = grad(g) + k * size_of(grad_type());
     if (!host_) {  // device-resident state: in place, on the compute stream
-      x_.kern->adam(hp, as, p, m_in + k, v_in + k, gr, grad_type(), static_cast<size_t>(pc.count),
-                    copy16 ? working : nullptr, x_.dtype);
+      x_.kern->adam(hp, as, p, m_in + r, v_in + r, gr, grad_type(), count, copy16 ? working : nullptr, x_.dtype);
       continue;
     }
-    x_.adam->step_into(hp, as, p, m_in + k, v_in + k, po, m_out + k, v_out + k, gr, grad_type(),
-                       static_cast<size_t>(pc.count), copy16 ? working : nullptr, x_.dtype);
+    x_.adam->step_into(hp, as, p, m_in + r, v_in + r, po, m_out + r, v_out + r, gr, grad_type(), count,
+                       copy16 ? working : nullptr, x_.dtype);
     if (p_in && x_.dtype == DType::f32)  // offload with fp32 parameters: the copy going up
-      std::memcpy(working, po, static_cast<size_t>(pc.count) * 4);
+      std::memcpy(working, po, count * 4);
   }
 }
 
@@ -259,7 +291,8 @@ StepStats OptimizerStep::apply(double loss) {
     // thread works on the next groups.
     for (int g : order)
       if (!ahead[static_cast<size_t>(g)])
-        host_->run_adam(g, [this, g, as, hp] { timed_adam(g, as, hp, false); }, false);
+        host_->run_adam(g, [this, g, as, hp](int64_t lo, int64_t n) { timed_adam(g, as, hp, false, lo, n); },
+                        false);
   }
   for (int g : order) {
     const size_t gi = static_cast<size_t>(g);

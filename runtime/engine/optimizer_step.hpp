@@ -5,7 +5,7 @@
 //
 // AdamW's fp32 state (master, m, v) of the owned range lives on the device, or on the host with
 // offload (HostOffload). With fp32 parameters and no offload the working parameters are their
-// own master copy (state(g, 0) is null).
+// own master copy (keeps(0) is false).
 //
 // The speculative host step (offload, EngineOptions::speculative_host_step): before the last
 // micro-batch plan_speculation() guesses the step will be applied unclipped; each group's AdamW
@@ -43,11 +43,14 @@ class OptimizerStep {
   // the second bank.
   void allocate(bool speculative);
 
-  // AdamW's fp32 state of group g's owned range: k = 0 master, 1 m, 2 v; `other`: the bank the
-  // speculative step writes. Null master with fp32 parameters and no offload.
-  float* state(int g, int k, bool other = false) const;
-  // A copy where one side is state(): a plain memcpy with offload, device copy otherwise.
-  void copy_state(void* dst, const void* src, size_t bytes);
+  // Whether AdamW keeps fp32 array k (0 master, 1 m, 2 v): no master with fp32 parameters and
+  // no offload (the working parameters are their own master).
+  bool keeps(int k) const;
+  // Between steps (streams synchronized): elements [off, off + n) of group g's owned range of
+  // array k, in the current bank, copied out to host memory dst, or in from host memory src
+  // (null: zeros). Wherever the state lives: device, host, or swap files (OptimizerSwap).
+  void read_state(int g, int k, int64_t off, float* dst, int64_t n);
+  void write_state(int g, int k, int64_t off, const float* src, int64_t n);
 
   // Step start: nothing runs ahead yet (but with NVMe offload the first groups' reads).
   void begin_step() {
@@ -87,8 +90,15 @@ class OptimizerStep {
   // Over a pipeline (stages) or a tensor group: (the sum of every member's squared norm, the
   // last member's loss), the same bits on every member.
   std::pair<double, double> exchange(coll::Communicator& c, double sq_mine, double loss);
-  void adam_group(int g, const optim::AdamStep& as, const optim::AdamParams& base, bool ahead = false);
-  void timed_adam(int g, const optim::AdamStep& as, const optim::AdamParams& hp, bool ahead);
+  // Array k of group g's owned range from element lo on (`other`: the bank the speculative step
+  // writes); null for an array not kept. With NVMe offload only inside the AdamW task of the
+  // sub-group starting at lo.
+  float* state(int g, int k, bool other, int64_t lo) const;
+  // AdamW on elements [lo, lo + n) of group g's owned range (n < 0: to its end).
+  void adam_group(int g, const optim::AdamStep& as, const optim::AdamParams& base, bool ahead = false,
+                  int64_t lo = 0, int64_t n = -1);
+  void timed_adam(int g, const optim::AdamStep& as, const optim::AdamParams& hp, bool ahead, int64_t lo,
+                  int64_t n);
 
   Context& x_;
   ParamResidency& params_;

@@ -103,8 +103,7 @@ void Engine::State::set_up() {
                   pc.count, vals.data());
       if (!params.whole(g))
         x.upload_as(params.working(g, pc.shard_offset), x.dtype, vals.data(), pc.count, params.shard_on_host(g));
-      if (float* master = opt->state(g, 0))
-        opt->copy_state(master + pc.shard_offset, vals.data(), static_cast<size_t>(pc.count) * 4);
+      if (opt->keeps(0)) opt->write_state(g, 0, pc.shard_offset, vals.data(), pc.count);
     }
   }
   params.flush();  // shards on NVMe: the initial values on the drive

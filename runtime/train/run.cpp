@@ -64,7 +64,7 @@ void report_run(const Run& run, DeviceKind kind, const offload::ThreadBudget& bu
                 run.flags.config.c_str(), c.ours.model_preset.empty() ? "" : (" " + c.ours.model_preset).c_str(),
                 shape.n_layer, shape.n_embd, shape.n_head, shape.vocab_size,
                 static_cast<long long>(models::gpt_parameter_count(shape)), run.W, run.device->name().c_str(), o.stage,
-                o.offload_optimizer ? ", optimizer offloaded to host memory" : "",
+                !o.offload_optimizer ? "" : o.nvme.enabled() ? ", optimizer state on NVMe" : ", optimizer offloaded to host memory",
                 !o.offload_param ? "" : o.param_nvme_path.empty() ? ", parameters offloaded" : ", parameters offloaded to NVMe",
                 std::string(to_string(o.param_type)).c_str(), c.batch.train_batch_size, run.B, run.GA, run.D,
                 run.D == run.W ? "ranks" : "data-parallel rank(s)", run.steps, c.seed, run.data.describe().c_str(), run.T);

@@ -11,7 +11,13 @@
 #   missing   nvme_path does not exist: exit 1 naming the path, before step 1;
 #   readonly  nvme_path on a read-only tmpfs: exit 1 naming the path;
 #   full      nvme_path on a 64 KiB tmpfs, smaller than the state: exit 1 naming the file and
-#             the full drive, nothing left behind.
+#             the full drive, nothing left behind;
+#   capacity  configs/cpu/nvme_capacity.json, 1 rank: under zero_train.host_memory_limit (40 MB)
+#             it trains a 16.8M-parameter GPT whose optimizer state on the drive is over 4x that
+#             limit, the host's peak within it, the ledger showing device, host and nvme; the
+#             losses are exactly those of the same run with the state in RAM (no limit); with
+#             sub_group_size at its default (1e9) the same limit is a clear out-of-host-memory
+#             error before step 1.
 # readonly and full mount a tmpfs in a private mount namespace (unshare -m) and exit 77 (ctest:
 # skipped) where the machine does not allow one.
 # usage: nvme_offload.sh CASE ZERO_TRAIN SOURCE_DIR WORK_DIR MPIRUN [MPIRUN ARGS...]
@@ -128,6 +134,43 @@ full)
   fails_naming full.log "$work/fs/zero-swap/rank0/" "No space left on device"
   [ -z "$(find fs -name '*.swp')" ] || fail "swap files left behind: $(find fs)"
   umount fs
+  ;;
+capacity)
+  mkdir swap
+  python3 - "$src/configs/cpu/nvme_capacity.json" "$work/swap" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["zero_optimization"]["offload_optimizer"]["nvme_path"] = sys.argv[2]
+json.dump(c, open("nvme.json", "w"), indent=1)
+c["zero_optimization"]["sub_group_size"] = 1000000000
+json.dump(c, open("whole.json", "w"), indent=1)
+c["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+del c["zero_train"]["host_memory_limit"]
+json.dump(c, open("ram.json", "w"), indent=1)
+PY
+  run nvme.log "$zt" --config nvme.json --metrics nvme.jsonl
+  [ $rc -eq 0 ] || { cat nvme.log; fail "the capacity run failed"; }
+  grep -Eq "category +device now +device peak +host now +host peak +nvme now +nvme peak" nvme.log ||
+    { cat nvme.log; fail "the ledger does not show device, host and nvme"; }
+  python3 - nvme.jsonl 40000000 <<'PY' || { cat nvme.log; fail "capacity"; }
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+limit = int(sys.argv[2])
+assert len(rows) == 3, rows
+for r in rows:
+    assert r["host_peak_bytes"] <= limit, (r["host_peak_bytes"], limit)
+    assert r["nvme_bytes"] >= 4 * limit, (r["nvme_bytes"], limit)
+    assert r["device_bytes"] > 0
+r = rows[-1]
+print(f"ok: optimizer state on the drive {r['nvme_bytes']} B = {r['nvme_bytes'] / limit:.2f} x the host "
+      f"limit {limit} B; host peak {r['host_peak_bytes']} B; device {r['device_bytes']} B")
+PY
+  run ram.log "$zt" --config ram.json --metrics ram.jsonl
+  [ $rc -eq 0 ] || { cat ram.log; fail "the same run in RAM failed"; }
+  python3 "$src/tests/cli/compare_losses.py" ram.jsonl nvme.jsonl 1 3 0
+  run whole.log "$zt" --config whole.json
+  fails_naming whole.log "out of host memory" "zero_train.host_memory_limit"
+  [ -z "$(find swap -type f)" ] || fail "swap files left behind: $(find swap)"
   ;;
 *) fail "unknown case $case_" ;;
 esac

@@ -465,6 +465,33 @@ TEST_CASE("host_adam: step_into is step out of place, its inputs untouched") {
     }
 }
 
+TEST_CASE("host_adam: step_into may write the 16-bit copy over its own gradient") {
+  // The NVMe tier lands the reduced gradient and writes the new parameters' copy into the same
+  // bytes (HostOffload::out): each element's gradient must be read before its copy is written.
+  const size_t n = 100003;
+  for (HostAdam::Simd simd : simd_paths())
+    for (DType dt : {DType::bf16, DType::f16}) {
+      CAPTURE(to_string(simd), to_string(dt));
+      AdamParams hp;
+      hp.weight_decay = 0.01f;
+      const AdamStep st = step_number(3, 0.25f);
+      const Grads g = make_grads(dt, n, 11);
+      const State start = make_state(n);
+      HostAdam adam(2, simd);
+      State want = start;
+      adam.step_into(hp, st, start.p.data(), start.m.data(), start.v.data(), want.p.data(), want.m.data(),
+                     want.v.data(), g.data(), dt, n, want.copy.data(), dt);
+      State got = start;
+      std::vector<uint16_t> shared = g.b16;  // the gradient, then the copy
+      adam.step_into(hp, st, start.p.data(), start.m.data(), start.v.data(), got.p.data(), got.m.data(),
+                     got.v.data(), shared.data(), dt, n, shared.data(), dt);
+      for (size_t i = 0; i < n; ++i)
+        REQUIRE_AT(same(got.p[i], want.p[i]) && same(got.m[i], want.m[i]) && same(got.v[i], want.v[i]) &&
+                       shared[i] == want.copy[i],
+                   i);
+    }
+}
+
 TEST_CASE("host_adam: odd lengths and misaligned starts") {
   const std::vector<HostAdam::Simd> paths = simd_paths();
   for (size_t n : {size_t{1}, size_t{7}, size_t{15}, size_t{17}, size_t{1000003}})
