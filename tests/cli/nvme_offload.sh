@@ -17,7 +17,10 @@
 #             limit, the host's peak within it, the ledger showing device, host and nvme; the
 #             losses are exactly those of the same run with the state in RAM (no limit); with
 #             sub_group_size at its default (1e9) the same limit is a clear out-of-host-memory
-#             error before step 1.
+#             error before step 1;
+#   ioerror   the swap files are truncated under a running job (1 rank, checkpoints every 5
+#             steps), once step 5's checkpoint is saved: exit 1 naming the file, the saved
+#             checkpoint untouched (resuming from it trains on), no swap file left.
 # readonly and full mount a tmpfs in a private mount namespace (unshare -m) and exit 77 (ctest:
 # skipped) where the machine does not allow one.
 # usage: nvme_offload.sh CASE ZERO_TRAIN SOURCE_DIR WORK_DIR MPIRUN [MPIRUN ARGS...]
@@ -171,6 +174,45 @@ PY
   run whole.log "$zt" --config whole.json
   fails_naming whole.log "out of host memory" "zero_train.host_memory_limit"
   [ -z "$(find swap -type f)" ] || fail "swap files left behind: $(find swap)"
+  ;;
+ioerror)
+  mkdir swap
+  python3 - "$src/configs/cpu/nvme_capacity.json" "$work/swap" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["zero_optimization"]["offload_optimizer"]["nvme_path"] = sys.argv[2]
+c["zero_optimization"]["sub_group_size"] = 20000
+c["zero_train"]["steps"] = 2000  # far more than the truncation needs: the run never ends first
+c["zero_train"]["model"] = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, "seq_len": 16}
+json.dump(c, open("nvme.json", "w"), indent=1)
+PY
+  set +e
+  "$zt" --config nvme.json --checkpoint-dir ck --save-interval 5 > io.log 2>&1 &
+  pid=$!
+  for _ in $(seq 1 600); do grep -q "saved ck/step_00000005" io.log && break; sleep 0.05; done
+  grep -q "saved ck/step_00000005" io.log || { kill $pid; cat io.log; fail "no checkpoint at step 5"; }
+  find swap -name '*.swp' -exec truncate -c -s 0 {} +  # -c: never create one the run removed
+  wait $pid
+  rc=$?
+  set -e
+  if grep -Eq "Segmentation|Aborted|terminate called|core dumped" io.log; then cat io.log; fail "crashed"; fi
+  [ $rc -eq 1 ] || { cat io.log; fail "expected exit 1 after the swap files were truncated, got $rc"; }
+  grep -Eq "$work/swap/zero-swap/rank0/opt-g[0-9.]+\.swp: read of [0-9]+ bytes .* truncated" io.log ||
+    { cat io.log; fail "the error does not name the truncated swap file"; }
+  grep -q "step 2000/" io.log && fail "the run went on to the end"
+  [ -z "$(find swap -type f)" ] || fail "swap files left behind: $(find swap)"
+  [ "$(cat ck/latest)" = step_00000005 ] || fail "latest is $(cat ck/latest), not step_00000005"
+  # The checkpoint is whole: a resumed run (fresh swap files) trains from it.
+  python3 - <<'PY'
+import json
+c = json.load(open("nvme.json"))
+c["zero_train"]["steps"] = 7
+json.dump(c, open("resume.json", "w"), indent=1)
+PY
+  run resume.log "$zt" --config resume.json --checkpoint-dir ck --resume
+  [ $rc -eq 0 ] || { cat resume.log; fail "resuming from step 5 failed"; }
+  grep -q "step 7/7" resume.log || { cat resume.log; fail "the resumed run did not reach step 7"; }
+  echo "ok: exit 1 naming $(grep -Eo 'opt-g[0-9.]+\.swp' io.log | head -1); step 5's checkpoint resumed; no files left"
   ;;
 *) fail "unknown case $case_" ;;
 esac
