@@ -304,9 +304,23 @@ def document(benchmark, peer, cfg, settings, world, threads, step_times, rss, lo
     }
 
 
+_DOC_OUT = None
+
+
+def claim_stdout():
+    """Keeps stdout for the one JSON document: DeepSpeed and torch's extension builder print to
+    file descriptor 1, so from here on descriptor 1 is stderr and the document goes to a
+    duplicate of the original stdout."""
+    global _DOC_OUT
+    if _DOC_OUT is None:
+        sys.stdout.flush()
+        _DOC_OUT = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+
+
 def emit(doc, json_out):
     text = json.dumps(doc, indent=2, allow_nan=False)
-    print(text, flush=True)
+    print(text, flush=True, file=_DOC_OUT or sys.stdout)
     if json_out:
         with open(json_out, "w") as f:
             f.write(text + "\n")

@@ -147,6 +147,7 @@ def run(a):
 
 def main(argv):
     a = parse_args(argv)
+    cc.claim_stdout()
     try:
         return run(a)
     except SystemExit:

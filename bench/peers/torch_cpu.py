@@ -124,6 +124,7 @@ class _null:
 
 def main(argv):
     a = parse_args(argv)
+    cc.claim_stdout()
     try:
         return run(a)
     except SystemExit:
