@@ -289,6 +289,11 @@ def gemm_rate(a):
         doc = json.loads(out)
     except (OSError, ValueError, subprocess.SubprocessError) as e:
         return None, f"build/bench/cpu_gemm failed: {e}"
+    return gemm_rate_of(doc)
+
+
+def gemm_rate_of(doc):
+    """(FLOP/s, result name) of cpu_gemm's document, or (None, why not)."""
     # The library's own bf16 product (params.library "oneDNN bf16"), on every thread of the node
     # (model FLOP/s counts all ranks), best over the shapes measured.
     rows = [r for r in doc.get("results", []) if r.get("params", {}).get("library") == "oneDNN bf16"
