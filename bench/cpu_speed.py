@@ -11,9 +11,9 @@ bench/peers/install.sh): PyTorch eager bf16 autocast (1 process, all cores) and 
 every case, ..., so a slow minute of the machine spreads over all systems alike.
 
 Everyone reads one llm.c token shard written here (a fixed synthetic language, see
-write_language_shard) in zero-train's sequence order; the config is configs/cpu/cpu_speed.json
+write_language_shard) in zero-train's sequence order; the config is bench/configs/cpu_speed.json
 (8 layers, n_embd 512, 8 heads, vocab 8192, seq 256: 29.5M parameters) and, in the full run,
-configs/cpu/cpu_speed_gpt2_124m.json (GPT-2 124M at seq 256). Per case the stage and offload are
+bench/configs/cpu_speed_gpt2_124m.json (GPT-2 124M at seq 256). Per case the stage and offload are
 written into a copy of that config.
 
 Threads: zero-train runs with OPENBLAS_NUM_THREADS=1 (the kernels' contract, models/cpu/
@@ -52,8 +52,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = os.path.join(REPO, "bench", "peers")
-CONFIGS = {"cpu-speed-29m": "configs/cpu/cpu_speed.json",
-           "gpt2-124m-seq256": "configs/cpu/cpu_speed_gpt2_124m.json"}
+CONFIGS = {"cpu-speed-29m": "bench/configs/cpu_speed.json",
+           "gpt2-124m-seq256": "bench/configs/cpu_speed_gpt2_124m.json"}
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-x", "OPENBLAS_NUM_THREADS=1"]
 
 
