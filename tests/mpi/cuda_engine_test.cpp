@@ -53,6 +53,9 @@ struct Setup {
   std::optional<optim::LossScalerOptions> scaler = std::nullopt;
   bool remat = false;              // every block checkpointed
   bool cpu_checkpointing = false;  // their inputs in pinned host memory
+  std::string nvme;                 // the optimizer state's swap directory (empty: host RAM)
+  int64_t sub_group = 1'000'000'000;
+  std::string param_nvme;           // the parameter shards' swap directory (empty: host RAM)
 };
 
 struct Run {
@@ -93,6 +96,16 @@ EngineOptions options(const Setup& s) {
   o.speculative_host_step = s.speculative;
   if (s.remat) o.number_checkpoints = 1000;
   o.cpu_checkpointing = s.cpu_checkpointing;
+  if (!s.nvme.empty()) {
+    o.nvme.path = s.nvme;
+    o.nvme.buffer_count = 2;
+    o.nvme.pipeline_read = o.nvme.pipeline_write = true;
+    o.nvme.sub_group_size = s.sub_group;
+  }
+  if (!s.param_nvme.empty()) {
+    o.param_nvme_path = s.param_nvme;
+    o.param_max_in_cpu = 0;  // every partitioned shard on the drive
+  }
   return o;
 }
 
@@ -236,6 +249,30 @@ TEST_CASE("cuda engine: cpu_checkpointing changes nothing") {
       CHECK(bitwise_equal(train(*e.device, *e.comm, s), kept));
     }
   }
+}
+
+// The NVMe tier (docs/nvme-offload.md) under the cuda engine: the state and the shards wait in
+// swap files instead of host RAM and the new 16-bit shard goes up from the landing buffer it was
+// written over; the floats AdamW reads and writes are the same, so bitwise the RAM runs.
+TEST_CASE("cuda engine: optimizer state and parameters on NVMe change nothing") {
+  REQUIRE_GPU_PER_RANK();
+  CudaEnv& e = cuda_env();
+  checkpoint::test::TempDir swap;  // one per rank (the store adds rank<r> anyway)
+  Setup s;
+  s.stage = 2;
+  s.type = ScalarType::bf16;
+  s.offload_optimizer = true;
+  const Run ram = train(*e.device, *e.comm, s);
+  s.nvme = swap.path;
+  s.sub_group = 1000;  // cuts the blocks' groups into several swap files
+  CHECK(bitwise_equal(train(*e.device, *e.comm, s), ram));
+  s = Setup{};
+  s.stage = 3;
+  s.type = ScalarType::bf16;
+  s.offload_optimizer = s.offload_param = true;
+  const Run ram3 = train(*e.device, *e.comm, s);
+  s.nvme = s.param_nvme = swap.path;
+  CHECK(bitwise_equal(train(*e.device, *e.comm, s), ram3));
 }
 
 TEST_CASE("cuda engine matches the cpu engine") {
