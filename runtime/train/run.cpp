@@ -186,6 +186,10 @@ int set_up_run(Run& run) {
   // The host AdamW's threads: the node's cores shared among its ranks (collective).
   const offload::ThreadBudget budget = offload::host_thread_budget(world.comm());
   o.host_threads = budget.threads;
+  // The cpu kernels' oneTBB loops too: without this each rank's loops used every core of the
+  // node, and 2 ranks on 2 cores ran 4 busy threads. Results do not depend on it (the kernels'
+  // blocks depend only on shapes: models/cpu/kernels.hpp).
+  run.tbb_threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(budget.threads));
   // Activations: fp32 on cpu (its kernels read 16-bit parameters as fp32); on cuda the
   // parameters' type (its kernels compute in fp32 on 16-bit storage of one type).
   const ScalarType act = kind == DeviceKind::cpu ? ScalarType::f32 : o.param_type;

@@ -14,6 +14,8 @@
 #include <optional>
 #include <string>
 
+#include <tbb/global_control.h>
+
 #include "collectives/communicator.hpp"
 #include "collectives/counting.hpp"
 #include "collectives/grid.hpp"
@@ -49,6 +51,10 @@ struct Run {
   std::optional<Watchdog> watchdog;
   Data data;
   std::optional<MetricsFile> metrics;  // rank 0's; empty on the other ranks
+  // oneTBB's threads in this process (the cpu kernels' parallel loops and host AdamW together)
+  // held to the host thread budget (offload/thread_budget.hpp: the node's cores shared among
+  // its ranks), so ranks on one node do not oversubscribe its cores. Outlives everything below.
+  std::optional<tbb::global_control> tbb_threads;
   std::unique_ptr<Device> device;
   // The engine's collectives on the device's buffers (NCCL on cuda); checkpoints and the like
   // on host buffers (MPI): on cpu one communicator is both and mpi_comm is empty.
