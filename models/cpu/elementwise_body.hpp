@@ -5,7 +5,9 @@
 //   vmax(a, b) = a > b ? a : b and vmin(a, b) = a < b ? a : b (x86's maxps / minps, NaN rule
 //   included: the second operand when unordered), vhsum (the fixed tree of elementwise.hpp),
 //   vhmax, vpow2i (2^n for integral n in [-126, 127]),
-// then includes this file. No include guard: it is meant to be included once per ISA.
+// then includes this file. No include guard: it is meant to be included once per ISA. Helpers
+// taking V are ZERO_EW_VI (forced inline, with the target): a V passed through memory to an
+// out-of-line call would cost more than the arithmetic.
 //
 // Why the results are the same bits on every ISA: see elementwise.hpp. Row tails are one padded
 // vector (pad_load / pad_store / keep_first) so that no path has a scalar epilogue of its own.
@@ -23,18 +25,18 @@ namespace {
 constexpr int64_t kL = 16;  // lanes
 
 // The first r (< 16) elements of p, the other lanes `pad`.
-ZERO_EW_TARGET inline V pad_load(const float* p, int64_t r, float pad) {
+ZERO_EW_VI V pad_load(const float* p, int64_t r, float pad) {
   alignas(64) float buf[kL];
   for (int64_t i = 0; i < kL; ++i) buf[i] = i < r ? p[i] : pad;
   return vload(buf);
 }
-ZERO_EW_TARGET inline void pad_store(float* p, V v, int64_t r) {
+ZERO_EW_VI void pad_store(float* p, V v, int64_t r) {
   alignas(64) float buf[kL];
   vstore(buf, v);
   for (int64_t i = 0; i < r; ++i) p[i] = buf[i];
 }
 // v with lanes r.. set to +0 (a tail's terms that must not count in a sum).
-ZERO_EW_TARGET inline V keep_first(V v, int64_t r) {
+ZERO_EW_VI V keep_first(V v, int64_t r) {
   alignas(64) float buf[kL];
   vstore(buf, v);
   for (int64_t i = r; i < kL; ++i) buf[i] = 0.0f;
@@ -43,7 +45,7 @@ ZERO_EW_TARGET inline V keep_first(V v, int64_t r) {
 
 // detail::exp_fast on 16 lanes, the same operations in the same order. The clamps put the data
 // second so that a NaN stays NaN.
-ZERO_EW_TARGET inline V vexp(V x) {
+ZERO_EW_VI V vexp(V x) {
   x = vmin(vset(88.0f), vmax(vset(-87.0f), x));
   const V shifter = vset(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
   const V n = vsub(vadd(vmul(x, vset(1.44269504088896341f)), shifter), shifter);
@@ -64,13 +66,13 @@ constexpr float kGeluScale = 0.7978845608028654f;
 constexpr float kGeluCubic = 0.044715f;
 
 // GELU as v * s, s = 1 / (1 + e^(-2u)): the logistic form of 0.5 (1 + tanh u), one exp.
-ZERO_EW_TARGET inline V gelu_v(V v) {
+ZERO_EW_VI V gelu_v(V v) {
   const V cube = vmul(vmul(vmul(vset(kGeluCubic), v), v), v);
   const V u = vmul(vset(kGeluScale), vadd(v, cube));
   return vdiv(v, vadd(vset(1.0f), vexp(vmul(vset(-2.0f), u))));
 }
 // dy * (s + 2 v s (1 - s) du/dv), 1 - tanh^2 = 4 s (1 - s).
-ZERO_EW_TARGET inline V gelu_grad_v(V dy, V v) {
+ZERO_EW_VI V gelu_grad_v(V dy, V v) {
   const V cube = vmul(vmul(vmul(vset(kGeluCubic), v), v), v);
   const V s = vdiv(vset(1.0f),
                    vadd(vset(1.0f), vexp(vmul(vset(-2.0f * kGeluScale), vadd(v, cube)))));
@@ -124,7 +126,7 @@ ZERO_EW_TARGET float row_sq_dev(const float* x, float m, int64_t n) {
   return vhsum(acc);
 }
 
-ZERO_EW_TARGET inline V layernorm_v(V x, V m, V s, V w, V b) {
+ZERO_EW_VI V layernorm_v(V x, V m, V s, V w, V b) {
   return vadd(vmul(vmul(vsub(x, m), s), w), b);
 }
 
@@ -148,14 +150,14 @@ ZERO_EW_TARGET void layernorm_forward_row(float* y, float* mean, float* rstd, co
 }
 
 // One vector of the backward's first pass: g = dy * w into sum_g, g * (x - m) * s into sum_gx.
-ZERO_EW_TARGET inline void layernorm_sums_v(V dy, V x, V w, V m, V s, V& sg, V& sgx) {
+ZERO_EW_VI void layernorm_sums_v(V dy, V x, V w, V m, V s, V& sg, V& sgx) {
   const V g = vmul(dy, w);
   sg = vadd(sg, g);
   sgx = vadd(sgx, vmul(vmul(g, vsub(x, m)), s));
 }
 
 // dx = s * (dy * w - mg - (x - m) * s * mgx); dw += dy * ((x - m) * s); db += dy.
-ZERO_EW_TARGET inline V layernorm_dx_v(V dy, V x, V w, V m, V s, V mg, V mgx, float* dw,
+ZERO_EW_VI V layernorm_dx_v(V dy, V x, V w, V m, V s, V mg, V mgx, float* dw,
                                        float* db, int64_t r) {
   const V xhat = vmul(vsub(x, m), s);
   const V dx = vmul(s, vsub(vsub(vmul(dy, w), mg), vmul(xhat, mgx)));
