@@ -7,7 +7,7 @@
 // loop adds the partials in block order (sum_rows). Matrix products go to the BLAS one fixed
 // block or tile per call, so a call's result never depends on how oneTBB scheduled the blocks.
 #include "models/cpu/kernels.hpp"
-#include "models/cpu/elementwise.hpp"
+#include "models/cpu/elementwise.hpp"  // F = float element-wise work; the loops here serve fp64
 #include "models/cpu/kernel_common.hpp"
 #include "models/ops.hpp"
 
