@@ -169,6 +169,14 @@ TEST_CASE("element-wise kernels agree with a double evaluation of their formulas
             1e-6 * amp * std::abs(dy[i]) * (std::abs(s) + std::abs(t)));
   }
 
+  // The adds are one IEEE addition per element: exactly the double sum rounded to float.
+  ew::add(y.data(), x.data(), dy.data(), kElems);
+  for (int64_t i = 0; i < kElems; ++i) REQUIRE(y[i] == float(double(x[i]) + double(dy[i])));
+  Floats rows(dy.begin(), dy.begin() + 37 * 101);
+  ew::add_bias(rows.data(), x.data(), 37, 101);
+  for (int64_t i = 0; i < 37 * 101; ++i)
+    REQUIRE(rows[i] == float(double(dy[i]) + double(x[i % 101])));
+
   // Layernorm, cross-entropy and the softmax rows against the fp64 kernels of kernels.hpp (the
   // gradient checks' reference): the same inputs, only fp32 rounding differs. Each output is a
   // chain of at most ~30 roundings after a 16-way partial sum of <= 1003 terms (~log2(63) + 4
