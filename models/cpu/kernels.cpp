@@ -7,6 +7,7 @@
 // loop adds the partials in block order (sum_rows). Matrix products go to the BLAS one fixed
 // block or tile per call, so a call's result never depends on how oneTBB scheduled the blocks.
 #include "models/cpu/kernels.hpp"
+#include "models/cpu/elementwise.hpp"  // F = float element-wise work; the loops here serve fp64
 #include "models/cpu/kernel_common.hpp"
 #include "models/ops.hpp"
 
@@ -228,6 +229,9 @@ void layernorm_forward(F* y, F* mean, F* rstd, const F* x, Param<F> w, Param<F> 
   std::unique_ptr<F[]> wbuf, bbuf;
   const F* wd = w.dense(C, wbuf);
   const F* bd = b.dense(C, bbuf);
+  if constexpr (std::same_as<F, float>) {
+    return elementwise::layernorm_forward(y, mean, rstd, x, wd, bd, N, C);
+  }
   for_blocks(N, kRowBlock, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const F* xr = x + r * C;
@@ -250,6 +254,13 @@ void layernorm_backward(F* dx, Grad<F> dw, Grad<F> db, const F* dy, const F* x, 
                         const F* mean, const F* rstd, int64_t N, int64_t C) {
   std::unique_ptr<F[]> wbuf;
   const F* wd = w.dense(C, wbuf);
+  if constexpr (std::same_as<F, float>) {
+    const auto sums = scratch<F>(2 * C);  // [0, C): dw's contribution, [C, 2C): db's
+    elementwise::layernorm_backward(dx, sums.get(), sums.get() + C, dy, x, wd, mean, rstd, N, C);
+    dw.add(0, sums.get(), C);
+    db.add(0, sums.get() + C, C);
+    return;
+  }
   for_blocks(N, kRowBlock, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const F* xr = x + r * C;
@@ -372,6 +383,7 @@ constexpr double kGeluCubic = 0.044715;
 // cancellation near u = 0, and it vectorises through exp_of.
 template <ComputeType F>
 void gelu_forward(F* y, const F* x, int64_t n) {
+  if constexpr (std::same_as<F, float>) return elementwise::gelu_forward(y, x, n);
   for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const F v = x[i];
@@ -383,6 +395,7 @@ void gelu_forward(F* y, const F* x, int64_t n) {
 
 template <ComputeType F>
 void gelu_backward(F* dx, const F* dy, const F* x, int64_t n) {
+  if constexpr (std::same_as<F, float>) return elementwise::gelu_backward(dx, dy, x, n);
   for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const F v = x[i];
@@ -411,6 +424,10 @@ void attention_forward(F* out, F* probs, const F* qkv, int64_t B, int64_t T, int
     gemm<F>(false, true, T, T, hs, scale, q, 3 * C, q + C, 3 * C, F(0), P, T);
     for (int64_t t = 0; t < T; ++t) {
       F* row = P + t * T;
+      if constexpr (std::same_as<F, float>) {
+        elementwise::softmax_causal_row(row, t + 1, T);
+        continue;
+      }
       const F inv = F(1) / exp_shifted(row, row, t + 1);
       for (int64_t j = 0; j <= t; ++j) row[j] *= inv;
       std::fill(row + t + 1, row + T, F(0));
@@ -442,6 +459,10 @@ void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* probs, in
     for (int64_t t = 0; t < T; ++t) {
       const F* p = P + t * T;
       F* d = dS.get() + t * T;
+      if constexpr (std::same_as<F, float>) {
+        elementwise::softmax_causal_backward_row(d, p, t + 1, T);
+        continue;
+      }
       F dot = 0;
       for (int64_t j = 0; j <= t; ++j) dot += p[j] * d[j];
       for (int64_t j = 0; j <= t; ++j) d[j] = p[j] * (d[j] - dot);
@@ -456,6 +477,7 @@ void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* probs, in
 
 template <ComputeType F>
 void add(F* out, const F* a, const F* b, int64_t n) {
+  if constexpr (std::same_as<F, float>) return elementwise::add(out, a, b, n);
   for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) out[i] = a[i] + b[i];
   });
@@ -463,6 +485,9 @@ void add(F* out, const F* a, const F* b, int64_t n) {
 
 template <ComputeType F>
 void accumulate(Grad<F> acc, const F* x, int64_t n) {
+  if constexpr (std::same_as<F, float>) {
+    if (float* dense = acc.dense_data()) return elementwise::add(dense, dense, x, n);
+  }
   for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) { acc.add(i0, x + i0, i1 - i0); });
 }
 
@@ -471,6 +496,8 @@ void accumulate(Grad<F> acc, const F* x, int64_t n) {
 template <ComputeType F>
 F cross_entropy_forward(F* losses, const F* logits, const int32_t* targets, int64_t N, int64_t V) {
   check_ids("cross_entropy_forward", "target", targets, 1, N, V, true);
+  if constexpr (std::same_as<F, float>)
+    return elementwise::cross_entropy_forward(losses, logits, targets, N, V);
   for_blocks(N, kRowBlock, [&](int64_t r0, int64_t r1) {
     std::vector<F> e(static_cast<size_t>(V));  // per block: the exponentials of one row
     for (int64_t r = r0; r < r1; ++r) {
@@ -502,6 +529,8 @@ void cross_entropy_backward(F* dlogits, const F* logits, const int32_t* targets,
   check_ids("cross_entropy_backward", "target", targets, 1, N, V, true);
   const int64_t count = std::count_if(targets, targets + N, [](int32_t t) { return t >= 0; });
   const F f = count == 0 ? F(0) : scale / F(count);
+  if constexpr (std::same_as<F, float>)
+    return elementwise::cross_entropy_backward(dlogits, logits, targets, N, V, f);
   for_blocks(N, kRowBlock, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       F* d = dlogits + r * V;

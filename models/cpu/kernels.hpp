@@ -65,6 +65,10 @@ class Grad {
   Grad(void* data, ScalarType type);  // throws zero::Error for a type F cannot accumulate into
   // Elements [offset, offset + n) += v[0, n): added in F, rounded once to the storage type.
   void add(int64_t offset, const F* v, int64_t n) const;
+  // The elements as F when they are stored as F (a plain F gradient), else null.
+  F* dense_data() const noexcept {
+    return type_ == scalar_type_of<F> ? static_cast<F*>(data_) : nullptr;
+  }
 
  private:
   void* data_;

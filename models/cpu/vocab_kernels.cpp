@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "models/cpu/elementwise.hpp"
 #include "models/cpu/kernel_common.hpp"
 #include "models/cpu/kernels.hpp"
 
@@ -78,7 +79,12 @@ void embedding_backward_shard(Grad<F> dwte, Grad<F> dwpe, bool has_wpe, const F*
 template <ComputeType F>
 void cross_entropy_shard_max(F* rowmax, const F* logits, int64_t N, int64_t Vs) {
   for_blocks(N, kRowBlock, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) rowmax[r] = row_max(logits + r * Vs, Vs);
+    for (int64_t r = r0; r < r1; ++r) {
+      if constexpr (std::same_as<F, float>)
+        rowmax[r] = elementwise::row_max(logits + r * Vs, Vs);
+      else
+        rowmax[r] = row_max(logits + r * Vs, Vs);
+    }
   });
 }
 
@@ -87,15 +93,19 @@ void cross_entropy_shard_sums(F* sums, const F* logits, const F* rowmax, const i
                               int64_t N, int64_t v0, int64_t Vs, int64_t V) {
   check_ids("cross_entropy_shard_sums", "target", targets, 1, N, V, true);
   for_blocks(N, kRowBlock, [&](int64_t r0, int64_t r1) {
-    std::vector<F> e(static_cast<size_t>(Vs));
+    std::vector<F> e(std::same_as<F, float> ? 0 : static_cast<size_t>(Vs));  // fp64 only
     for (int64_t r = r0; r < r1; ++r) {
       const F* row = logits + r * Vs;
       const F m = rowmax[r];
-      // Two loops, as exp_shifted: the exponentials vectorise, the sum stays in index order.
-      for (int64_t j = 0; j < Vs; ++j) e[static_cast<size_t>(j)] = exp_of(row[j] - m);
-      F sum = 0;
-      for (int64_t j = 0; j < Vs; ++j) sum += e[static_cast<size_t>(j)];
-      sums[r] = sum;
+      if constexpr (std::same_as<F, float>) {
+        sums[r] = elementwise::exp_sum(nullptr, row, m, Vs);  // the sum the whole op computes
+      } else {
+        // Two loops, as exp_shifted: the exponentials vectorise, the sum stays in index order.
+        for (int64_t j = 0; j < Vs; ++j) e[static_cast<size_t>(j)] = exp_of(row[j] - m);
+        F sum = 0;
+        for (int64_t j = 0; j < Vs; ++j) sum += e[static_cast<size_t>(j)];
+        sums[r] = sum;
+      }
       const int64_t local = int64_t{targets[r]} - v0;
       sums[N + r] = targets[r] >= 0 && local >= 0 && local < Vs ? row[local] : F(0);
     }
@@ -135,13 +145,19 @@ void cross_entropy_shard_backward(F* dlogits, const F* logits, const F* rowmax, 
       }
       const F* row = logits + r * Vs;
       const F m = rowmax[r];
-      for (int64_t j = 0; j < Vs; ++j) d[j] = exp_of(row[j] - m);
+      if constexpr (std::same_as<F, float>)
+        elementwise::exp_sum(d, row, m, Vs);
+      else
+        for (int64_t j = 0; j < Vs; ++j) d[j] = exp_of(row[j] - m);
       // As cross_entropy_backward: softmax = e * (1 / sum), the target's entry minus 1.
       const F inv = F(1) / sums[r];
       const int64_t local = int64_t{targets[r]} - v0;
       const bool here = local >= 0 && local < Vs;
       const F p_target = here ? d[local] * inv : F(0);
-      for (int64_t j = 0; j < Vs; ++j) d[j] = f * (d[j] * inv);
+      if constexpr (std::same_as<F, float>)
+        elementwise::scale(d, inv, f, Vs);
+      else
+        for (int64_t j = 0; j < Vs; ++j) d[j] = f * (d[j] * inv);
       if (here) d[local] = f * (p_target - F(1));
     }
   });
