@@ -40,7 +40,7 @@ using namespace detail;
 constexpr int64_t kGemmRows = 128;
 // Whether fp32 products go to oneDNN instead of OpenBLAS: whichever is faster single-threaded
 // on the linear layers' shapes, measured by bench/cpu_gemm (docs/cpu-kernels.md).
-constexpr bool kF32OnDnnl = false;
+constexpr bool kF32OnDnnl = true;
 // Output tile edge of the weight-gradient products (x^T dy): 256 x 256 F of scratch per tile.
 constexpr int64_t kTile = 256;
 // Rows per partial in sum_rows, and columns per task when the partials are added up.
@@ -653,7 +653,9 @@ std::string cpu_blas_description() {
   const std::string config = openblas_get_config();
   size_t end = config.find(' ');
   if (end != std::string::npos) end = config.find(' ', end + 1);
-  return config.substr(0, end) + ", " + openblas_get_corename() + " kernels";
+  // oneDNN's kernel family orders the 16-bit products' sums as OpenBLAS's does the fp32 ones.
+  return config.substr(0, end) + ", " + openblas_get_corename() + " kernels; bf16 products: " +
+         cpu::matmul_description(ScalarType::bf16);
 }
 
 }  // namespace zero::models
