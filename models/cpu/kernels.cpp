@@ -38,9 +38,11 @@ using namespace detail;
 // matrix; from 128 rows on that costs under ~10% against one big call (measured on the LM head,
 // 1024 x 768 x 50257 single-threaded OpenBLAS 0.3.21), while still giving 8 tasks per 1k rows.
 constexpr int64_t kGemmRows = 128;
-// Whether fp32 products go to oneDNN instead of OpenBLAS: whichever is faster single-threaded
-// on the linear layers' shapes, measured by bench/cpu_gemm (docs/cpu-kernels.md).
-constexpr bool kF32OnDnnl = true;
+// Whether fp32 products go to oneDNN instead of OpenBLAS. Measured by bench/cpu_gemm, one thread
+// per call: oneDNN 1.0-1.25x on the larger linear shapes. Kept off: OPENBLAS_CORETYPE makes fp32
+// runs reproducible across machines, oneDNN's blocking follows the detected caches (docs/models.md,
+// "Matrix products on the cpu backend").
+constexpr bool kF32OnDnnl = false;
 // Output tile edge of the weight-gradient products (x^T dy): 256 x 256 F of scratch per tile.
 constexpr int64_t kTile = 256;
 // Rows per partial in sum_rows, and columns per task when the partials are added up.

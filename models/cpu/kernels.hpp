@@ -7,7 +7,7 @@
 // Parameters come as Param<F> and "+=" gradients as Grad<F>: F itself (a plain F* converts), or,
 // with F = float, fp16 / bf16 storage (and fp32 gradients of 16-bit parameters).
 //
-// 16-bit products (docs/cpu-kernels.md): with F = float and a bf16 parameter (fp16 only where
+// 16-bit products (docs/models.md, "Matrix products on the cpu backend"): with F = float and a bf16 parameter (fp16 only where
 // oneDNN has an fp16 kernel on this CPU), the linear kernels multiply in that type with fp32
 // accumulation, as PyTorch's autocast does: the weight as stored, the activation or upstream
 // gradient rounded once to it; the weight gradient's product is 16-bit when the gradient is

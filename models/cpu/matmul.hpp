@@ -1,6 +1,6 @@
 // Matrix products for the cpu kernels through oneDNN: fp32 or 16-bit operands, fp32
 // accumulation, fp32 output. Internal to models/cpu/ (kernels.cpp decides which products come
-// here; docs/cpu-kernels.md has the whole story).
+// here; docs/models.md, "Matrix products on the cpu backend" has the whole story).
 //
 // Contract of matmul():
 //   - Row-major C[M,N] (leading dimension ldc) = op(A)[M,K] op(B)[K,N], or C += that when
