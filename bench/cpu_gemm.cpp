@@ -100,7 +100,8 @@ int main(int argc, char** argv) {
 
   for (const GemmShape& s : shapes) {
     const double flops = 2.0 * double(rows) * double(s.K) * double(s.N);
-    const auto x32 = random_floats(size_t(rows * s.K), 1), w32 = random_floats(size_t(s.K * s.N), 2);
+    const auto x32 = random_floats(size_t(rows * s.K), 1);
+    const auto w32 = random_floats(size_t(s.K * s.N), 2);
     const auto x16 = to_bf16(x32), w16 = to_bf16(w32);
     std::vector<float> y(size_t(rows * s.N), 0.0f);
     const std::string shape = std::string(s.what) + " N=" + std::to_string(rows) +
@@ -120,7 +121,8 @@ int main(int argc, char** argv) {
       DnnlProduct d32(rows, s, dnnl::memory::data_type::f32, const_cast<float*>(x32.data()),
                       const_cast<float*>(w32.data()), y.data(), th);
       const Stats dnnl32 = time_it(1, reps, [&] { d32.run(th); });
-      DnnlProduct d16(rows, s, dnnl::memory::data_type::bf16, const_cast<zero::bfloat16*>(x16.data()),
+      DnnlProduct d16(rows, s, dnnl::memory::data_type::bf16,
+                      const_cast<zero::bfloat16*>(x16.data()),
                       const_cast<zero::bfloat16*>(w16.data()), y.data(), th);
       const Stats dnnl16 = time_it(1, reps, [&] { d16.run(th); });
       const Stats blas_rate = rate(flops, blas);
@@ -174,7 +176,8 @@ int main(int argc, char** argv) {
       for (const auto& [pass, st] : kernels) {
         Result r;
         r.name = std::string("our ") + (s.head ? "linear_t_" : "linear_") + pass + ", " +
-                 std::string(zero::to_string(t)) + " parameters, " + shape + ", " + std::to_string(threads) +
+                 std::string(zero::to_string(t)) + " parameters, " + shape + ", " +
+                 std::to_string(threads) +
                  " threads";
         r.params = params;
         r.params["kernel"] = std::string(s.head ? "linear_t_" : "linear_") + pass;

@@ -39,9 +39,9 @@ using namespace detail;
 // 1024 x 768 x 50257 single-threaded OpenBLAS 0.3.21), while still giving 8 tasks per 1k rows.
 constexpr int64_t kGemmRows = 128;
 // Whether fp32 products go to oneDNN instead of OpenBLAS. Measured by bench/cpu_gemm, one thread
-// per call: oneDNN 1.0-1.25x on the larger linear shapes. Kept off: OPENBLAS_CORETYPE makes fp32
-// runs reproducible across machines, oneDNN's blocking follows the detected caches (docs/models.md,
-// "Matrix products on the cpu backend").
+// per call: oneDNN 0.54-2.6x OpenBLAS, no consistent win. Kept off also because
+// OPENBLAS_CORETYPE makes fp32 runs reproducible across machines, while oneDNN's blocking follows
+// the detected caches (docs/models.md, "Matrix products on the cpu backend").
 constexpr bool kF32OnDnnl = false;
 // Output tile edge of the weight-gradient products (x^T dy): 256 x 256 F of scratch per tile.
 constexpr int64_t kTile = 256;

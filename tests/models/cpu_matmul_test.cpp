@@ -87,7 +87,8 @@ TEST_CASE("matmul: every transpose of fp32 and bf16 agrees with fp64 within fp32
               worst = std::max(worst, std::abs(C[size_t(i * ldc + j)] - ref) / bound);
             }
             // Columns past N are C's padding: never written.
-            for (int64_t j = N; j < ldc; ++j) CHECK(C[size_t(i * ldc + j)] == C0[size_t(i * ldc + j)]);
+            for (int64_t j = N; j < ldc; ++j)
+              CHECK(C[size_t(i * ldc + j)] == C0[size_t(i * ldc + j)]);
           }
           INFO("largest error over its bound: " << worst);
           CHECK(worst <= 1.0);

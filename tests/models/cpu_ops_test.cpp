@@ -308,7 +308,8 @@ Outputs abs_products(const Data& d) {
   Data a = d;
   for (Vec* v : {&a.x, &a.lin_w, &a.head_w, &a.dy_oc, &a.dy_v})
     for (double& e : *v) e = std::abs(e);
-  for (Vec* v : {&a.lin_b, &a.g_lin_w, &a.g_lin_b, &a.g_head_w}) std::fill(v->begin(), v->end(), 0.0);
+  for (Vec* v : {&a.lin_b, &a.g_lin_w, &a.g_lin_b, &a.g_head_w})
+    std::fill(v->begin(), v->end(), 0.0);
   return via_kernels<double>(a);
 }
 
@@ -351,8 +352,10 @@ TEST_CASE("16-bit parameters: bf16 products within their rounding, all else as f
     REQUIRE(got.size() == want.size());
     for (const auto& [name, w] : want) {
       INFO(name);
-      const bool p16 = kProductOutputs.count(name) == 1 && kern::matmul_supports(P) && P != ScalarType::f32;
-      const bool g16 = kWeightGradOutputs.count(name) == 1 && kern::matmul_supports(G) && G != ScalarType::f32;
+      const bool p16 = kProductOutputs.count(name) == 1 && P != ScalarType::f32 &&
+                       kern::matmul_supports(P);
+      const bool g16 = kWeightGradOutputs.count(name) == 1 && G != ScalarType::f32 &&
+                       kern::matmul_supports(G);
       const Vec& g = got.at(name);
       if (!p16 && !g16) {
         CHECK(bitwise_equal(g, w));
@@ -368,7 +371,8 @@ TEST_CASE("16-bit parameters: bf16 products within their rounding, all else as f
       const Vec& S = scale.at(name);
       double worst = 0;
       for (size_t i = 0; i < w.size(); ++i) {
-        const double bound = (terms + u / 2) * S[i] + (g16 ? u * (std::abs(w[i]) + std::abs(g[i])) : 0.0);
+        const double stored = g16 ? u * (std::abs(w[i]) + std::abs(g[i])) : 0.0;
+        const double bound = (terms + u / 2) * S[i] + stored;
         worst = std::max(worst, std::abs(g[i] - w[i]) / (bound + 1e-30));
       }
       INFO("largest error over its bound: " << worst);
