@@ -225,7 +225,8 @@ class Ops {
 std::unique_ptr<Ops> make_ops(Device& device, Stream& stream);
 
 // The CPU BLAS behind the cpu kernels and the kernel family it picked for this processor, e.g.
-// "OpenBLAS 0.3.21, Cooperlake kernels". Kernel families sum a matrix product's terms in
+// "OpenBLAS 0.3.21, Cooperlake kernels; bf16 products: oneDNN 2.6.3, brg:avx512_core_bf16".
+// Kernel families sum a matrix product's terms in
 // different orders, so training is bitwise the same on two machines only when this line is the
 // same (OPENBLAS_CORETYPE pins the family; docs/training.md, "Reproducibility"). Thread-safe.
 std::string cpu_blas_description();

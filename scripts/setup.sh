@@ -17,6 +17,7 @@ packages=(
   libtbb-dev                          # oneTBB: host thread pools (AdamW, cpu kernels)
   nlohmann-json3-dev                  # ds_config.json parsing
   libopenblas-dev                     # CPU BLAS for the cpu backend
+  libdnnl-dev                         # oneDNN: the cpu backend's bf16 (and fp32) matrix products
   python3                             # test scripts: metrics comparison, a safetensors reader
   liburing-dev                        # io_uring: the NVMe tier's asynchronous file engine
   fio                                 # bench/nvme_io's reference: the drive's bandwidth, same run

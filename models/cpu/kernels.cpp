@@ -4,11 +4,13 @@
 // blocks whose bounds depend only on the shapes and the constants here, and each block writes
 // its own outputs. A sum over rows (a parameter gradient) is never split by thread: rows are cut
 // into fixed blocks of kSumRows, each block sums its rows in order into its own partial, and one
-// loop adds the partials in block order (sum_rows). Matrix products go to the BLAS one fixed
-// block or tile per call, so a call's result never depends on how oneTBB scheduled the blocks.
+// loop adds the partials in block order (sum_rows). Matrix products go to the BLAS or to oneDNN
+// (matmul.hpp) one fixed block or tile per call, each call on one thread, so a call's result
+// never depends on how oneTBB scheduled the blocks or on how many threads it had.
 #include "models/cpu/kernels.hpp"
 #include "models/cpu/elementwise.hpp"  // F = float element-wise work; the loops here serve fp64
 #include "models/cpu/kernel_common.hpp"
+#include "models/cpu/matmul.hpp"
 #include "models/ops.hpp"
 
 #include <cblas.h>
@@ -37,6 +39,11 @@ using namespace detail;
 // matrix; from 128 rows on that costs under ~10% against one big call (measured on the LM head,
 // 1024 x 768 x 50257 single-threaded OpenBLAS 0.3.21), while still giving 8 tasks per 1k rows.
 constexpr int64_t kGemmRows = 128;
+// Whether fp32 products go to oneDNN instead of OpenBLAS. Measured by bench/cpu_gemm, one thread
+// per call: oneDNN 0.54-2.6x OpenBLAS, no consistent win. Kept off also because
+// OPENBLAS_CORETYPE makes fp32 runs reproducible across machines, while oneDNN's blocking follows
+// the detected caches (docs/models.md, "Matrix products on the cpu backend").
+constexpr bool kF32OnDnnl = false;
 // Output tile edge of the weight-gradient products (x^T dy): 256 x 256 F of scratch per tile.
 constexpr int64_t kTile = 256;
 // Rows per partial in sum_rows, and columns per task when the partials are added up.
@@ -73,6 +80,70 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, F alpha, const F* A
   }
 }
 
+// ---- matrix products of the linear layers ----
+// A product's operand as stored: `p` holds elements of `t` (F's own type, or a 16-bit type when
+// F is float), `ld` of them between rows.
+struct Mat {
+  const void* p;
+  ScalarType t;
+  int64_t ld;
+};
+
+// m shifted by `elems` elements (a block's first row or a tile's first column).
+Mat at(const Mat& m, int64_t elems) {
+  return {static_cast<const char*>(m.p) + elems * static_cast<int64_t>(size_of(m.t)), m.t, m.ld};
+}
+
+// The operand type of products with a parameter (or a gradient) stored as t: t itself when it
+// is 16-bit and oneDNN has a kernel for it on this CPU (fp32 accumulation, as PyTorch's
+// autocast), else F (a 16-bit parameter then read as fp32, the fallback on CPUs without one).
+template <class F>
+ScalarType product_type(ScalarType t) {
+  if constexpr (std::same_as<F, float>) {
+    if ((t == ScalarType::bf16 || t == ScalarType::f16) && matmul_supports(t)) return t;
+  }
+  return scalar_type_of<F>;
+}
+
+// An activation (or its gradient) x of n elements as an operand of type t: x itself when t is
+// F's type, else a copy rounded once to t (kept in buf).
+template <class F>
+Mat operand(const F* x, int64_t n, int64_t ld, ScalarType t, std::unique_ptr<uint16_t[]>& buf) {
+  if (t == scalar_type_of<F>) return {x, t, ld};
+  if constexpr (std::same_as<F, float>) {
+    buf = scratch<uint16_t>(n);
+    for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
+      convert(x + i0, DType::f32, buf.get() + i0, *to_dtype(t), static_cast<size_t>(i1 - i0));
+    });
+    return {buf.get(), t, ld};
+  }
+  ZERO_FAIL("cpu kernels: no " + std::string(to_string(t)) + " products in " +
+            std::string(to_string(scalar_type_of<F>)));
+}
+
+// The parameter w (n elements) as an operand of type t: as stored when its type is t (no copy),
+// else read as F into buf.
+template <class F>
+Mat weight(const Param<F>& w, int64_t n, int64_t ld, ScalarType t, std::unique_ptr<F[]>& buf) {
+  if (w.type() == t) return {w.data(), t, ld};
+  return {w.dense(n, buf), scalar_type_of<F>, ld};
+}
+
+// Row-major C[M,N] = op(A) op(B) (+= C when acc). 16-bit operands, and fp32 ones when
+// kF32OnDnnl, go to oneDNN (matmul.hpp: one thread per call); the rest to the BLAS.
+template <class F>
+void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Mat& A, const Mat& B,
+             bool acc, F* C, int64_t ldc) {
+  if constexpr (std::same_as<F, float>) {
+    if (A.t != ScalarType::f32 || kF32OnDnnl) {
+      matmul(M, N, K, {A.p, A.t, A.ld, ta}, {B.p, B.t, B.ld, tb}, C, ldc, acc);
+      return;
+    }
+  }
+  gemm<F>(ta, tb, M, N, K, F(1), static_cast<const F*>(A.p), A.ld, static_cast<const F*>(B.p),
+          B.ld, acc ? F(1) : F(0), C, ldc);
+}
+
 // out[0, width) = sum over i in [0, rows) of the row terms add_row(i, acc) adds into acc, in a
 // fixed order (the file comment): partials of kSumRows rows, then the partials in block order.
 template <class F, class AddRow>
@@ -92,17 +163,16 @@ void sum_rows(int64_t rows, int64_t width, F* out, const AddRow& add_row) {
   });
 }
 
-// g[M,Nc] += A^T B with A [K,M] (leading dimension lda) and B [K,Nc] (ldb): one BLAS call per
-// fixed output tile into scratch, then one rounded add per element.
+// g[M,Nc] += A^T B with A [K,M] and B [K,Nc] (Mat: their types and leading dimensions): one
+// product per fixed output tile into fp32 scratch, then one rounded add per element.
 template <class F>
-void add_at_b(Grad<F> g, int64_t M, int64_t Nc, int64_t K, const F* A, int64_t lda, const F* B,
-              int64_t ldb) {
+void add_at_b(Grad<F> g, int64_t M, int64_t Nc, int64_t K, const Mat& A, const Mat& B) {
   const int64_t tm = (M + kTile - 1) / kTile, tn = (Nc + kTile - 1) / kTile;
   tbb::parallel_for(int64_t{0}, tm * tn, [&](int64_t tile) {
     const int64_t i0 = (tile / tn) * kTile, j0 = (tile % tn) * kTile;
     const int64_t mi = std::min(kTile, M - i0), nj = std::min(kTile, Nc - j0);
     const auto buf = scratch<F>(mi * nj);
-    gemm<F>(true, false, mi, nj, K, F(1), A + i0, lda, B + j0, ldb, F(0), buf.get(), nj);
+    product<F>(true, false, mi, nj, K, at(A, i0), at(B, j0), false, buf.get(), nj);
     for (int64_t r = 0; r < mi; ++r) g.add((i0 + r) * Nc + j0, buf.get() + r * nj, nj);
   });
 }
@@ -298,30 +368,40 @@ void layernorm_backward(F* dx, Grad<F> dw, Grad<F> db, const F* dy, const F* x, 
 template <ComputeType F>
 void linear_forward(F* y, const F* x, Param<F> w, Param<F> b, bool has_bias, int64_t N, int64_t C,
                     int64_t OC) {
+  const ScalarType pt = product_type<F>(w.type());
   std::unique_ptr<F[]> wbuf, bbuf;
-  const F* wd = w.dense(C * OC, wbuf);
+  std::unique_ptr<uint16_t[]> xbuf;
+  const Mat wm = weight(w, C * OC, OC, pt, wbuf);
+  const Mat xm = operand(x, N * C, C, pt, xbuf);
   const F* bd = has_bias ? b.dense(OC, bbuf) : nullptr;
   for_blocks(N, kGemmRows, [&](int64_t r0, int64_t r1) {
     F* yb = y + r0 * OC;
     if (bd)
       for (int64_t r = r0; r < r1; ++r) std::copy_n(bd, OC, y + r * OC);
-    gemm<F>(false, false, r1 - r0, OC, C, F(1), x + r0 * C, C, wd, OC, bd ? F(1) : F(0), yb, OC);
+    product<F>(false, false, r1 - r0, OC, C, at(xm, r0 * C), wm, bd != nullptr, yb, OC);
   });
 }
 
 template <ComputeType F>
 void linear_backward_input(F* dx, const F* dy, Param<F> w, int64_t N, int64_t C, int64_t OC) {
+  const ScalarType pt = product_type<F>(w.type());
   std::unique_ptr<F[]> wbuf;
-  const F* wd = w.dense(C * OC, wbuf);
+  std::unique_ptr<uint16_t[]> dybuf;
+  const Mat wm = weight(w, C * OC, OC, pt, wbuf);
+  const Mat dym = operand(dy, N * OC, OC, pt, dybuf);
   for_blocks(N, kGemmRows, [&](int64_t r0, int64_t r1) {
-    gemm<F>(false, true, r1 - r0, C, OC, F(1), dy + r0 * OC, OC, wd, OC, F(0), dx + r0 * C, C);
+    product<F>(false, true, r1 - r0, C, OC, at(dym, r0 * OC), wm, false, dx + r0 * C, C);
   });
 }
 
 template <ComputeType F>
 void linear_backward_weight(Grad<F> dw, Grad<F> db, bool has_bias, const F* dy, const F* x,
                             int64_t N, int64_t C, int64_t OC) {
-  add_at_b<F>(dw, C, OC, N, x, C, dy, OC);
+  // The weight gradient's products are 16-bit when the gradient is (the parameter's own type, as
+  // the engine hands it): it is rounded to that type anyway.
+  const ScalarType pt = product_type<F>(dw.type());
+  std::unique_ptr<uint16_t[]> xbuf, dybuf;
+  add_at_b<F>(dw, C, OC, N, operand(x, N * C, C, pt, xbuf), operand(dy, N * OC, OC, pt, dybuf));
   if (has_bias) {
     const auto sums = scratch<F>(OC);
     sum_rows<F>(N, OC, sums.get(), [&](int64_t r, F* acc) {
@@ -341,26 +421,34 @@ void linear_backward(F* dx, Grad<F> dw, Grad<F> db, bool has_bias, const F* dy, 
 
 template <ComputeType F>
 void linear_t_forward(F* y, const F* x, Param<F> w, int64_t N, int64_t C, int64_t V) {
+  const ScalarType pt = product_type<F>(w.type());
   std::unique_ptr<F[]> wbuf;
-  const F* wd = w.dense(V * C, wbuf);
+  std::unique_ptr<uint16_t[]> xbuf;
+  const Mat wm = weight(w, V * C, C, pt, wbuf);
+  const Mat xm = operand(x, N * C, C, pt, xbuf);
   for_blocks(N, kGemmRows, [&](int64_t r0, int64_t r1) {
-    gemm<F>(false, true, r1 - r0, V, C, F(1), x + r0 * C, C, wd, C, F(0), y + r0 * V, V);
+    product<F>(false, true, r1 - r0, V, C, at(xm, r0 * C), wm, false, y + r0 * V, V);
   });
 }
 
 template <ComputeType F>
 void linear_t_backward_input(F* dx, const F* dy, Param<F> w, int64_t N, int64_t C, int64_t V) {
+  const ScalarType pt = product_type<F>(w.type());
   std::unique_ptr<F[]> wbuf;
-  const F* wd = w.dense(V * C, wbuf);
+  std::unique_ptr<uint16_t[]> dybuf;
+  const Mat wm = weight(w, V * C, C, pt, wbuf);
+  const Mat dym = operand(dy, N * V, V, pt, dybuf);
   for_blocks(N, kGemmRows, [&](int64_t r0, int64_t r1) {
-    gemm<F>(false, false, r1 - r0, C, V, F(1), dy + r0 * V, V, wd, C, F(0), dx + r0 * C, C);
+    product<F>(false, false, r1 - r0, C, V, at(dym, r0 * V), wm, false, dx + r0 * C, C);
   });
 }
 
 template <ComputeType F>
 void linear_t_backward_weight(Grad<F> dw, const F* dy, const F* x, int64_t N, int64_t C,
                               int64_t V) {
-  add_at_b<F>(dw, V, C, N, dy, V, x, C);
+  const ScalarType pt = product_type<F>(dw.type());  // as linear_backward_weight
+  std::unique_ptr<uint16_t[]> dybuf, xbuf;
+  add_at_b<F>(dw, V, C, N, operand(dy, N * V, V, pt, dybuf), operand(x, N * C, C, pt, xbuf));
 }
 
 template <ComputeType F>
@@ -596,7 +684,9 @@ std::string cpu_blas_description() {
   const std::string config = openblas_get_config();
   size_t end = config.find(' ');
   if (end != std::string::npos) end = config.find(' ', end + 1);
-  return config.substr(0, end) + ", " + openblas_get_corename() + " kernels";
+  // oneDNN's kernel family orders the 16-bit products' sums as OpenBLAS's does the fp32 ones.
+  return config.substr(0, end) + ", " + openblas_get_corename() + " kernels; bf16 products: " +
+         cpu::matmul_description(ScalarType::bf16);
 }
 
 }  // namespace zero::models

@@ -1,11 +1,17 @@
 // The cpu backend's model kernels: plain pointers in, synchronous, parallel with oneTBB, matrix
-// products through the CPU BLAS (OpenBLAS, row-major). models/cpu/cpu_ops.cpp enqueues them on a
+// products through the CPU BLAS (OpenBLAS, row-major) and oneDNN (matmul.hpp: 16-bit products). models/cpu/cpu_ops.cpp enqueues them on a
 // stream behind models/ops.hpp; the gradient checks call them directly.
 //
 // Every kernel is a template on F, the compute type: float or double (the reference precision
 // of gradient checks). Activations, their gradients, statistics and per-row losses are F.
 // Parameters come as Param<F> and "+=" gradients as Grad<F>: F itself (a plain F* converts), or,
 // with F = float, fp16 / bf16 storage (and fp32 gradients of 16-bit parameters).
+//
+// 16-bit products (docs/models.md, "Matrix products on the cpu backend"): with F = float and a bf16 parameter (fp16 only where
+// oneDNN has an fp16 kernel on this CPU), the linear kernels multiply in that type with fp32
+// accumulation, as PyTorch's autocast does: the weight as stored, the activation or upstream
+// gradient rounded once to it; the weight gradient's product is 16-bit when the gradient is
+// stored 16-bit. Everything else (fp32 and fp64 parameters, attention) multiplies in F.
 //
 // Semantics (the same as ops.hpp, which documents each op):
 //   - An output named dx / out / y / probs is overwritten; a parameter gradient (dw, db, dwte,
@@ -21,7 +27,8 @@
 // kernels.cpp), never into one block per thread; a block is one sequential computation (one BLAS
 // call, or a loop); sums across blocks are added in block order by one task. That leaves the
 // BLAS itself, which must run with one thread per call (OPENBLAS_NUM_THREADS=1, as tests and
-// launches set it): parallelism comes from oneTBB running many calls at once.
+// launches set it), and oneDNN, which matmul.cpp keeps to one OpenMP thread per call whatever
+// OMP_NUM_THREADS says: parallelism comes from oneTBB running many calls at once.
 //
 // Thread-safety: a kernel may run on any thread, several at once on disjoint outputs; it uses the
 // calling thread plus oneTBB's arena (so tbb::global_control limits it). It allocates scratch
@@ -50,6 +57,8 @@ class Param {
   void load(int64_t offset, F* dst, int64_t n) const;
   // The first n elements as F: data itself when the types match, else converted into scratch.
   const F* dense(int64_t n, std::unique_ptr<F[]>& scratch) const;
+  const void* data() const noexcept { return data_; }
+  ScalarType type() const noexcept { return type_; }
 
  private:
   const void* data_;
@@ -69,6 +78,7 @@ class Grad {
   F* dense_data() const noexcept {
     return type_ == scalar_type_of<F> ? static_cast<F*>(data_) : nullptr;
   }
+  ScalarType type() const noexcept { return type_; }
 
  private:
   void* data_;

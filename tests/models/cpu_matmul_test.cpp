@@ -1,0 +1,139 @@
+// Tests of models/cpu/matmul.hpp: oneDNN products against an fp64 reference for every transpose,
+// leading dimensions wider than the rows, "=" and "+="; the same bits from repeated, concurrent
+// and differently-threaded calls; empty shapes; refused operands.
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+#include <omp.h>
+#include <tbb/parallel_for.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "models/cpu/matmul.hpp"
+
+using namespace zero;
+using zero::models::cpu::matmul;
+using zero::models::cpu::MatrixRef;
+
+namespace {
+
+// A rows x cols matrix stored row-major with leading dimension ld (> cols: padding that must
+// not be read into the product), of `type`, with values that type holds exactly.
+struct Stored {
+  ScalarType type;
+  int64_t rows, cols, ld;
+  std::vector<double> v;          // logical values, row-major rows x cols
+  std::vector<float> f32;         // storage when type is f32
+  std::vector<bfloat16> b16;      // storage when type is bf16
+
+  Stored(ScalarType t, int64_t r, int64_t c, uint64_t seed) : type(t), rows(r), cols(c), ld(c + 3) {
+    std::mt19937_64 gen(seed);
+    std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+    v.resize(static_cast<size_t>(r * c));
+    f32.assign(static_cast<size_t>(r * ld), 1e30f);  // padding: huge, so reading it shows
+    b16.assign(static_cast<size_t>(r * ld), to_bfloat16(1e30f));
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < c; ++j) {
+        const float x = dist(gen);
+        const size_t s = static_cast<size_t>(i * ld + j);
+        if (t == ScalarType::bf16) {
+          b16[s] = to_bfloat16(x);
+          v[static_cast<size_t>(i * c + j)] = to_float(b16[s]);
+        } else {
+          f32[s] = x;
+          v[static_cast<size_t>(i * c + j)] = x;
+        }
+      }
+  }
+  MatrixRef ref(bool trans) const {
+    return {type == ScalarType::bf16 ? static_cast<const void*>(b16.data()) : f32.data(), type,
+            ld, trans};
+  }
+  double at(int64_t i, int64_t j) const { return v[static_cast<size_t>(i * cols + j)]; }
+};
+
+}  // namespace
+
+TEST_CASE("matmul: every transpose of fp32 and bf16 agrees with fp64 within fp32 accumulation") {
+  const int64_t M = 37, N = 29, K = 300;
+  for (ScalarType t : {ScalarType::f32, ScalarType::bf16}) {
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb)
+        for (int acc = 0; acc < 2; ++acc) {
+          INFO(to_string(t) << (ta ? " A^T" : "") << (tb ? " B^T" : "") << (acc ? " +=" : ""));
+          // op(A) is M x K: stored K x M when transposed.
+          const Stored A(t, ta ? K : M, ta ? M : K, 1), B(t, tb ? N : K, tb ? K : N, 2);
+          const int64_t ldc = N + 5;
+          std::vector<float> C(static_cast<size_t>(M * ldc));
+          for (size_t i = 0; i < C.size(); ++i) C[i] = float(i % 7) - 3.0f;
+          const std::vector<float> C0 = C;
+          matmul(M, N, K, A.ref(ta), B.ref(tb), C.data(), ldc, acc == 1);
+          double worst = 0;
+          for (int64_t i = 0; i < M; ++i) {
+            for (int64_t j = 0; j < N; ++j) {
+              double ref = acc ? double(C0[size_t(i * ldc + j)]) : 0.0, mag = std::abs(ref);
+              for (int64_t k = 0; k < K; ++k) {
+                const double a = ta ? A.at(k, i) : A.at(i, k), b = tb ? B.at(j, k) : B.at(k, j);
+                ref += a * b;
+                mag += std::abs(a * b);
+              }
+              // The operands are exact in their type and bf16 x bf16 products exact in fp32, so
+              // only the fp32 sum rounds: at most K+1 additions of relative 2^-24 each.
+              const double bound = double(K + 1) * std::ldexp(1.0, -24) * mag;
+              worst = std::max(worst, std::abs(C[size_t(i * ldc + j)] - ref) / bound);
+            }
+            // Columns past N are C's padding: never written.
+            for (int64_t j = N; j < ldc; ++j)
+              CHECK(C[size_t(i * ldc + j)] == C0[size_t(i * ldc + j)]);
+          }
+          INFO("largest error over its bound: " << worst);
+          CHECK(worst <= 1.0);
+        }
+  }
+}
+
+TEST_CASE("matmul: repeated and concurrent calls give the same bits whatever OpenMP is told") {
+  const int64_t M = 130, N = 257, K = 512;
+  const Stored A(ScalarType::bf16, M, K, 3), B(ScalarType::bf16, N, K, 4);
+  const auto run = [&](std::vector<float>& C) {
+    C.assign(static_cast<size_t>(M * N), 0.0f);
+    matmul(M, N, K, A.ref(false), B.ref(true), C.data(), N, false);
+  };
+  std::vector<float> first;
+  run(first);
+  // 16 calls at once on oneTBB's threads, each into its own output (the cached primitive is
+  // shared, the scratch is per thread).
+  std::vector<std::vector<float>> many(16);
+  tbb::parallel_for(size_t{0}, many.size(), [&](size_t i) { run(many[i]); });
+  for (const auto& c : many) CHECK(std::memcmp(c.data(), first.data(), c.size() * 4) == 0);
+  // A thread whose OpenMP setting asks for more threads: matmul still runs one, same bits.
+  omp_set_num_threads(4);
+  std::vector<float> again;
+  run(again);
+  CHECK(std::memcmp(again.data(), first.data(), again.size() * 4) == 0);
+  CHECK(omp_get_max_threads() == 1);  // the documented side effect on the calling thread
+}
+
+TEST_CASE("matmul: empty shapes and refused operands") {
+  const Stored A(ScalarType::f32, 3, 4, 5);
+  std::vector<float> C(3 * 2, 7.0f);
+  // K = 0: "=" gives zeros, "+=" leaves C.
+  matmul(3, 2, 0, A.ref(false), A.ref(false), C.data(), 2, true);
+  CHECK(C == std::vector<float>(6, 7.0f));
+  matmul(3, 2, 0, A.ref(false), A.ref(false), C.data(), 2, false);
+  CHECK(C == std::vector<float>(6, 0.0f));
+  matmul(0, 2, 4, A.ref(false), A.ref(false), nullptr, 2, false);  // nothing to do
+  const Stored Bb(ScalarType::bf16, 4, 2, 6);
+  REQUIRE_THROWS_WITH(matmul(3, 2, 4, A.ref(false), Bb.ref(false), C.data(), 2, false),
+                      Catch::Matchers::ContainsSubstring("operands of types fp32 and bf16"));
+  CHECK(models::cpu::matmul_supports(ScalarType::f32));
+  CHECK(models::cpu::matmul_description(ScalarType::f32).starts_with("oneDNN "));
+  // fp16: an optimised kernel only on CPUs with AVX512-FP16; without one, the description says so
+  // and the kernels keep fp16 parameters on their fp32 path.
+  if (!models::cpu::matmul_supports(ScalarType::f16))
+    CHECK(models::cpu::matmul_description(ScalarType::f16) == "unsupported");
+}
