@@ -73,8 +73,8 @@ void report_run(const Run& run, DeviceKind kind, const offload::ThreadBudget& bu
   // What decides whether another machine reproduces this run's losses bit for bit.
   if (kind == DeviceKind::cpu)
     log::info("cpu kernels: " + models::cpu_blas_description() +
-              " (runs match bit for bit only on the same kernels; OPENBLAS_CORETYPE "
-              "picks them: docs/training.md)");
+              " (runs match bit for bit only on the same kernels; OPENBLAS_CORETYPE and, for "
+              "bf16, ONEDNN_MAX_CPU_ISA pick them: docs/training.md)");
 }
 
 // Every rank's model state and memory in use (shards differ by rank when the model does not

@@ -23,7 +23,11 @@
 // relative, so a master that differs in its last fp32 bits rounds to the neighbouring bf16 value
 // in some elements and every later gradient differs at the bf16 level: measured up to 2.8e-3
 // with 2 data ranks (the data-parallel sum is a second order of bf16 additions), 4.8e-4 with one,
-// and 0 (bitwise) for the MLP at ZeRO 0 on one data rank. Losses: relative 1e-5 (fp32), 3e-3
+// and 0 (bitwise) for the MLP at ZeRO 0 on one data rank. Since the cpu backend multiplies
+// bf16 parameters in bf16 (oneDNN: both operands of every linear product rounded to bf16, 2^-8
+// relative), the gradients carry bf16 rounding too and the bound is 1e-2: measured up to 5.7e-3
+// (GPT, 4 stages x 2 data, ZeRO 2/3), 2.1e-3 (ZeRO 0/1). (The planted bugs below are caught by
+// the fp32 cases.) Losses: relative 1e-5 (fp32), 3e-3
 // (bf16). Planted bugs, measured: the tied sum left out gives 1.2e-2 (fp32 GPT); the norm of a
 // stage's own gradients only (clipping per stage) 6.4e-3 (fp32 GPT) and 4.9e-3 (bf16 MLP).
 // ZERO_TEST_PRINT=1 prints every measured difference (how the figures above were taken).
@@ -215,7 +219,7 @@ void check(const Setup& s) {
   const Run got = pipelined(s, to_original, names);
   const bool f32 = s.type == ScalarType::f32;
   CHECK(got.skipped == ref.skipped);  // the overflow decision is the whole model's
-  const double tol = f32 ? 2e-6 : 4e-3, loss_tol = f32 ? 1e-5 : 3e-3;
+  const double tol = f32 ? 2e-6 : 1e-2, loss_tol = f32 ? 1e-5 : 3e-3;
   const double diff = rel_l2(got, ref, to_original, names, s.gpt_shape.n_embd);
   if (s.scaler) {  // the case exercises both the skip and applied steps
     CHECK(ref.skipped >= 1);

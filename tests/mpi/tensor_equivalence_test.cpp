@@ -19,7 +19,11 @@
 // Measured (ZERO_TEST_PRINT=1 prints every difference): fp32 at most 6.1e-8, losses equal to 6
 // digits; bf16 at most 2.9e-4 with one data rank and 7.6e-4 with two (the data-parallel sum is a
 // second order of bf16 additions); on 8 ranks up to 1.4e-7 and 9.7e-4; the seeds' 4 x 4 x 2 on
-// 32 ranks 2.1e-7 and 1.9e-3 (four stages and four slices each add an order of sums). Planted bug, measured: a replicated parameter counted in the
+// 32 ranks 2.1e-7 and 1.9e-3 (four stages and four slices each add an order of sums). Since the
+// cpu backend multiplies bf16 parameters in bf16 (oneDNN, both operands rounded to bf16 at 2^-8),
+// the gradients carry bf16 rounding too, and a slice's partial product rounds its own operands:
+// bf16 measured up to 4.3e-4 (2 ranks), 2.4e-3 (4), 3.1e-3 (8) and 9.6e-3 (the seeds' 4 x 4 x 2
+// on 32), so the bf16 bound is 2e-2. Planted bug, measured: a replicated parameter counted in the
 // norm by every tensor rank (so clipping scales by a larger norm): 1.1e-3 (fp32, T = 2).
 #include <catch2/catch_test_macros.hpp>
 
@@ -190,7 +194,7 @@ void check(const Setup& s) {
   std::vector<int> to_original;
   const Run got = sliced(s, specs, to_original);
   const bool f32 = s.type == ScalarType::f32;
-  const double tol = f32 ? 2e-6 : 4e-3, loss_tol = f32 ? 1e-5 : 3e-3;
+  const double tol = f32 ? 2e-6 : 2e-2, loss_tol = f32 ? 1e-5 : 3e-3;
   const double diff = rel_l2(got, specs, to_original, ref);
   INFO(s.tensor << " tensor x " << s.pipeline << " pipeline (" << s.schedule << ") x " << D << " data, ZeRO "
                 << s.zero << ", " << to_string(s.type) << (s.offload ? ", offload" : "")
