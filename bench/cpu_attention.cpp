@@ -11,7 +11,8 @@
 //     8 heads, fp32) and, without --quick, at T 1024 and 2048 (B 1), interleaved repetition by
 //     repetition with the materialised pair.
 //
-//   mpirun -np 1 build/bench/cpu_attention [--quick]     (OPENBLAS_NUM_THREADS=1)
+//   OPENBLAS_NUM_THREADS=1 mpirun -np 1 --bind-to none build/bench/cpu_attention [--quick]
+// (--bind-to none: Open MPI binds a lone rank to one core, which would leave oneTBB one thread.)
 #include <mpi.h>
 #include <tbb/task_arena.h>
 
@@ -29,7 +30,7 @@
 namespace {
 
 const char* const kUsage =
-    "usage: mpirun -np 1 cpu_attention [--quick]\n"
+    "usage: mpirun -np 1 --bind-to none cpu_attention [--quick]\n"
     "  Blocked (online-softmax) attention vs the materialised probabilities on the cpu backend:\n"
     "  the GPT's stored activations (ledger peak) at seq 256/1024/2048 and the kernels' time.\n"
     "  JSON on stdout. --quick: kernel time at T = 256 only, 3 repetitions (under a minute).\n";
