@@ -104,7 +104,7 @@ class Ops {
   // backends where blocked_attention() is true: forward keeps lse [B,n_head,T], each row's
   // logsumexp of its masked, scaled scores (the statistics type: fp32, fp64 when A is fp64);
   // backward recomputes the probabilities block by block from qkv and lse and reads the
-  // forward's out. Memory O(T) per row instead of O(T^2). It rounds differently from the
+  // forward's out: memory O(T) per (batch, head) instead of O(T^2). It rounds differently from the
   // probabilities pair (a running max and sum per row), so a model uses one pair throughout.
   // Throws zero::Error on a backend without it.
   void attention_forward_lse(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head);

@@ -42,11 +42,11 @@ namespace {
 using namespace detail;
 
 // Query rows per block, and key columns per block. Measured with bench/cpu_attention (forward +
-// backward, hs = 64, T = 256, 1024, 2048; 2 threads on a loaded 2-core machine): 64 x 128 was the
-// fastest or within the noise of it against 32x64, 64x64, 64x256, 128x128 and 128x256 (64x64
-// lost 2x at T = 1024: too many small products). The key block is a multiple of the query block, so a query block never
-// starts inside a key block: every row of a (query block, key block) pair that is computed has
-// at least one unmasked key (its row max is finite).
+// backward, hs = 64, T = 256, 1024, 2048; 2 threads on a loaded 2-core machine): 64 x 128 was
+// the fastest or within the noise of it against 32x64, 64x64, 64x256, 128x128 and 128x256
+// (64x64 lost up to 2x at T = 1024: too many small products). The key block is a multiple of
+// the query block, so a query block never starts inside a key block: every row of a (query
+// block, key block) pair that is computed has at least one unmasked key (a finite row max).
 constexpr int64_t kQueryBlock = 64;
 constexpr int64_t kKeyBlock = 128;
 static_assert(kKeyBlock % kQueryBlock == 0, "a key block must hold whole query blocks");

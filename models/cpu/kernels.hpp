@@ -14,7 +14,7 @@
 // stored 16-bit. Everything else (fp32 and fp64 parameters, attention) multiplies in F.
 //
 // Semantics (the same as ops.hpp, which documents each op):
-//   - An output named dx / out / y / probs is overwritten; a parameter gradient (dw, db, dwte,
+//   - An output named dx / out / y / probs / lse is overwritten; a parameter gradient (dw, db, dwte,
 //     dwpe) is "+=": the kernel computes the whole contribution in F, then adds it to each stored
 //     element in F and rounds once to the storage type.
 //   - Shapes: B batch, T sequence, C channels, OC output channels, V vocabulary, N rows,
