@@ -33,6 +33,11 @@ struct GptOptions {
   // docs/tensor-parallel.md "Sequence parallelism"): only make_gpt_tensor_parallel at degree > 1
   // reads it; make_gpt and degree 1 ignore it (there is nothing to split).
   bool sequence_parallel = false;
+  // Keep attention's [B, H, T, T] probabilities for backward even where the backend has blocked
+  // attention (Ops::blocked_attention; docs/cpu-kernels.md): the path the cuda backend always
+  // takes, here for comparisons (bench/cpu_attention, the memory tests). Off: the blocks keep each
+  // row's logsumexp [B, H, T] instead and recompute the probabilities in backward.
+  bool attention_probabilities = false;
 };
 
 // Checks the shape (positive sizes, heads dividing the hidden size) and the types against the

@@ -10,9 +10,13 @@ namespace zero::models {
 // matmuls read. A forward kept for backward drops the whole ones and backward gathers them again
 // (Megatron-SP's re-gather: every stored activation of the block is then 1/T of the whole
 // model's); a recomputed forward (checkpointed) has them already. Without sequence parallelism
-// ln*_full is ln*.
+// ln*_full is ln*. Attention keeps either its probabilities `probs` [B, H/T, T, T] or, where the
+// backend has blocked attention (Ops::blocked_attention: the cpu backend) and the options do not
+// ask for the probabilities (GptOptions::attention_probabilities), only each row's
+// logsumexp `lse` [B, H/T, T]; backward then recomputes the probabilities from qkv, lse and the
+// attention output atty, which it keeps anyway (c_proj's weight gradient reads it).
 struct GptBlock::State final : UnitState {
-  Tensor ln1, ln1_full, mean1, rstd1, qkv, probs, atty, res2, ln2, ln2_full, mean2, rstd2, fch, fcg;
+  Tensor ln1, ln1_full, mean1, rstd1, qkv, probs, lse, atty, res2, ln2, ln2_full, mean2, rstd2, fch, fcg;
 };
 
 GptBlock::GptBlock(std::string name, std::vector<int> ids, Ops& ops, const GptOptions& o, TensorGroup group)
@@ -84,9 +88,14 @@ Tensor GptBlock::run_forward(const UnitContext& ctx, State& s) {
   layernorm_f(s.ln1, s.ln1_full, s.mean1, s.rstd1, x, w[0], w[1]);
   s.qkv = act(Shape{B, T, 3 * Ca});
   ops_.linear_forward(s.qkv, s.ln1_full, w[2], w[3]);
-  s.probs = act(Shape{B, heads, T, T});
   s.atty = act(Shape{B, T, Ca});
-  ops_.attention_forward(s.atty, s.probs, s.qkv, heads);
+  if (ops_.blocked_attention() && !opt_.attention_probabilities) {
+    s.lse = stats(Shape{B, heads, T});
+    ops_.attention_forward_lse(s.atty, s.lse, s.qkv, heads);
+  } else {
+    s.probs = act(Shape{B, heads, T, T});
+    ops_.attention_forward(s.atty, s.probs, s.qkv, heads);
+  }
   Tensor attproj = act(Shape{B, T, C});
   ops_.linear_forward(attproj, s.atty, w[4], adds_bias ? w[5] : Tensor());
   attproj = g(std::move(attproj));
@@ -186,7 +195,10 @@ void GptBlock::backward_with(UnitContext& ctx, WeightGrads& wg) {
   Tensor datty = act(Shape{B, T, Ca});
   wg.linear(datty, 4, 5, dres2_full, s->atty, w[4]);
   Tensor dqkv = act(Shape{B, T, 3 * Ca});
-  ops_.attention_backward(dqkv, datty, s->qkv, s->probs, heads);
+  if (s->lse)
+    ops_.attention_backward_lse(dqkv, datty, s->qkv, s->atty, s->lse, heads);
+  else
+    ops_.attention_backward(dqkv, datty, s->qkv, s->probs, heads);
   datty = Tensor();
   Tensor dln1 = act(Shape{B, T, C});
   wg.linear(dln1, 2, 3, dqkv, ln1_full, w[2]);

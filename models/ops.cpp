@@ -323,6 +323,53 @@ void Ops::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tenso
   do_attention_backward(dqkv, dout, qkv, probs, n_head);
 }
 
+namespace {
+void check_blocked(const Check& c, const Ops& ops) {
+  if (!ops.blocked_attention())
+    c.fail("the " + std::string(to_string(ops.device().kind())) +
+           " backend has no blocked attention (blocked_attention() is false); use "
+           "attention_forward / attention_backward with the probabilities");
+}
+}  // namespace
+
+void Ops::attention_forward_lse(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                int n_head) {
+  const Check c("attention_forward_lse", device_.kind());
+  check_blocked(c, *this);
+  int64_t B = 0, T = 0, C = 0;
+  check_attention(c, qkv, n_head, &B, &T, &C);
+  c.type("out", out, qkv.type());
+  c.shape("out", out, Shape{B, T, C});
+  c.stats("lse", lse, B * n_head * T, qkv.type());
+  c.shape("lse", lse, Shape{B, n_head, T});
+  do_attention_forward_lse(out, lse, qkv, n_head);
+}
+
+void Ops::attention_backward_lse(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                 const Tensor& out, const Tensor& lse, int n_head) {
+  const Check c("attention_backward_lse", device_.kind());
+  check_blocked(c, *this);
+  int64_t B = 0, T = 0, C = 0;
+  check_attention(c, qkv, n_head, &B, &T, &C);
+  c.same("dqkv", dqkv, qkv);
+  c.type("dout", dout, qkv.type());
+  c.shape("dout", dout, Shape{B, T, C});
+  c.type("out", out, qkv.type());
+  c.shape("out", out, Shape{B, T, C});
+  c.stats("lse", lse, B * n_head * T, qkv.type());
+  c.shape("lse", lse, Shape{B, n_head, T});
+  do_attention_backward_lse(dqkv, dout, qkv, out, lse, n_head);
+}
+
+void Ops::do_attention_forward_lse(const Tensor&, const Tensor&, const Tensor&, int) {
+  ZERO_FAIL("attention_forward_lse: not implemented by this backend");
+}
+
+void Ops::do_attention_backward_lse(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                    const Tensor&, int) {
+  ZERO_FAIL("attention_backward_lse: not implemented by this backend");
+}
+
 void Ops::add(const Tensor& out, const Tensor& a, const Tensor& b) {
   const Check c("add", device_.kind());
   c.activation("a", a);

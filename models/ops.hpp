@@ -99,6 +99,21 @@ class Ops {
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                           const Tensor& probs, int n_head);
 
+  // The same attention without the [B,n_head,T,T] probabilities (FlashAttention-2's blocked
+  // online softmax; docs/cpu-kernels.md, "Attention without the T x T probabilities"), for the
+  // backends where blocked_attention() is true: forward keeps lse [B,n_head,T], each row's
+  // logsumexp of its masked, scaled scores (the statistics type: fp32, fp64 when A is fp64);
+  // backward recomputes the probabilities block by block from qkv and lse and reads the
+  // forward's out: memory O(T) per (batch, head) instead of O(T^2). It rounds differently from the
+  // probabilities pair (a running max and sum per row), so a model uses one pair throughout.
+  // Throws zero::Error on a backend without it.
+  void attention_forward_lse(const Tensor& out, const Tensor& lse, const Tensor& qkv, int n_head);
+  // dqkv [B,T,3C] overwritten; out and lse as attention_forward_lse left them.
+  void attention_backward_lse(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                              const Tensor& out, const Tensor& lse, int n_head);
+  // Whether this backend has the pair above (cpu: yes; cuda: no, it keeps the probabilities).
+  virtual bool blocked_attention() const noexcept { return false; }
+
   // out = a + b, elementwise, all of type A and the same element count.
   void add(const Tensor& out, const Tensor& a, const Tensor& b);
   // acc += x, elementwise; x has type A. acc has type A, or is a gradient in a type the backend
@@ -190,6 +205,13 @@ class Ops {
                                     int n_head) = 0;
   virtual void do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                      const Tensor& probs, int n_head) = 0;
+  // Only backends whose blocked_attention() is true override these (the public ops refuse the
+  // call before reaching them otherwise).
+  virtual void do_attention_forward_lse(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                        int n_head);
+  virtual void do_attention_backward_lse(const Tensor& dqkv, const Tensor& dout,
+                                         const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                         int n_head);
   virtual void do_add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
   virtual void do_accumulate(const Tensor& acc, const Tensor& x) = 0;
   virtual void do_cross_entropy_forward(const Tensor& loss, const Tensor& losses,

@@ -205,6 +205,30 @@ class CpuOps final : public Ops {
     });
   }
 
+  bool blocked_attention() const noexcept override { return true; }
+
+  void do_attention_forward_lse(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                int n_head) override {
+    enqueue([out, lse, qkv, n_head] {
+      with_compute_type(qkv.type(), [&]<class F>(std::type_identity<F>) {
+        const Shape& s = qkv.shape();
+        cpu::attention_forward_lse<F>(ptr<F>(out), ptr<F>(lse), ptr<F>(qkv), s[0], s[1],
+                                      s[2] / 3, n_head);
+      });
+    });
+  }
+
+  void do_attention_backward_lse(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                 const Tensor& out, const Tensor& lse, int n_head) override {
+    enqueue([dqkv, dout, qkv, out, lse, n_head] {
+      with_compute_type(qkv.type(), [&]<class F>(std::type_identity<F>) {
+        const Shape& s = qkv.shape();
+        cpu::attention_backward_lse<F>(ptr<F>(dqkv), ptr<F>(dout), ptr<F>(qkv), ptr<F>(out),
+                                       ptr<F>(lse), s[0], s[1], s[2] / 3, n_head);
+      });
+    });
+  }
+
   void do_add(const Tensor& out, const Tensor& a, const Tensor& b) override {
     enqueue([out, a, b] {
       with_compute_type(a.type(), [&]<class F>(std::type_identity<F>) {

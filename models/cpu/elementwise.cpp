@@ -217,4 +217,10 @@ void softmax_causal_backward_row(float* d, const float* p, int64_t n, int64_t wi
   std::fill(d + n, d + width, 0.0f);
 }
 
+float dot(const float* a, const float* b, int64_t n) { return table().dot(a, b, n); }
+
+void softmax_backward_row(float* d, const float* p, float dt, int64_t n) {
+  table().softmax_backward(d, p, dt, n);
+}
+
 }  // namespace zero::models::cpu::elementwise

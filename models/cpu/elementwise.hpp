@@ -82,5 +82,10 @@ void scale(float* d, float inv, float f, int64_t n);
 void softmax_causal_row(float* row, int64_t n, int64_t width);
 // Its backward on one row: d[0, n) = p * (d - sum_j p d), d[n, width) = 0.
 void softmax_causal_backward_row(float* d, const float* p, int64_t n, int64_t width);
+// sum_j a[j] b[j] over [0, n) (16 partial sums added by the fixed tree).
+float dot(const float* a, const float* b, int64_t n);
+// d[0, n) = p * (d - dt): a softmax's backward with the row's sum_j p_j dP_j given as dt (the
+// blocked attention's D = rowsum(dout * out), which is that sum).
+void softmax_backward_row(float* d, const float* p, float dt, int64_t n);
 
 }  // namespace zero::models::cpu::elementwise

@@ -14,7 +14,7 @@
 // stored 16-bit. Everything else (fp32 and fp64 parameters, attention) multiplies in F.
 //
 // Semantics (the same as ops.hpp, which documents each op):
-//   - An output named dx / out / y / probs is overwritten; a parameter gradient (dw, db, dwte,
+//   - An output named dx / out / y / probs / lse is overwritten; a parameter gradient (dw, db, dwte,
 //     dwpe) is "+=": the kernel computes the whole contribution in F, then adds it to each stored
 //     element in F and rounds once to the storage type.
 //   - Shapes: B batch, T sequence, C channels, OC output channels, V vocabulary, N rows,
@@ -153,6 +153,20 @@ void attention_forward(F* out, F* probs, const F* qkv, int64_t B, int64_t T, int
 template <ComputeType F>
 void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* probs, int64_t B,
                         int64_t T, int64_t C, int64_t NH);
+
+// The same attention without the probabilities (attention.cpp; FlashAttention-2's blocked
+// online softmax): out [B,T,C] as above and lse [B,NH,T], each row's log sum_j exp(s_j) over
+// its unmasked scaled scores s. Blocks of 64 query rows by 128 keys; memory O(T), not O(T^2).
+// Rounds differently from attention_forward (a running max and sum per row, the normalisation
+// applied to out, not to the probabilities).
+template <ComputeType F>
+void attention_forward_lse(F* out, F* lse, const F* qkv, int64_t B, int64_t T, int64_t C,
+                           int64_t NH);
+// dqkv [B,T,3C] overwritten, from dout, qkv and what the forward left: out and lse (each block
+// of probabilities recomputed as exp(s - lse)).
+template <ComputeType F>
+void attention_backward_lse(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse,
+                            int64_t B, int64_t T, int64_t C, int64_t NH);
 
 // Elementwise kernels (gelu, add, accumulate) allow an output to be one of the inputs.
 template <ComputeType F>

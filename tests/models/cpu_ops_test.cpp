@@ -199,6 +199,14 @@ Outputs via_ops(const Fixture& fx, const Data& d, ScalarType A, ScalarType P, Sc
   ops.attention_backward(out("attention.dqkv", fx.empty({B, T, 3 * C}, A)),
                          fx.make({B, T, C}, A, d.dy_c), qkv, probs, int(s.NH));
 
+  // The blocked pair (no probabilities): lse in the statistics type.
+  const ScalarType S = A == ScalarType::f64 ? ScalarType::f64 : ScalarType::f32;
+  const Tensor bout = out("attention_lse.out", fx.empty({B, T, C}, A));
+  const Tensor lse = out("attention_lse.lse", fx.empty({B, s.NH, T}, S));
+  ops.attention_forward_lse(bout, lse, qkv, int(s.NH));
+  ops.attention_backward_lse(out("attention_lse.dqkv", fx.empty({B, T, 3 * C}, A)),
+                             fx.make({B, T, C}, A, d.dy_c), qkv, bout, lse, int(s.NH));
+
   ops.add(out("add.out", fx.empty({B, T, C}, A)), x, fx.make({B, T, C}, A, d.dy_c));
   ops.accumulate(out("accumulate.acc", fx.make({N, C}, A, d.x)), fx.make({B, T, C}, A, d.dy_c));
 
@@ -266,6 +274,12 @@ Outputs via_kernels(const Data& d) {
   kern::attention_forward<F>(a.data(), probs.data(), qkv.data(), B, T, C, NH);
   kern::attention_backward<F>(dqkv.data(), dy_c.data(), qkv.data(), probs.data(), B, T, C, NH);
   r["attention.out"] = up(a), r["attention.probs"] = up(probs), r["attention.dqkv"] = up(dqkv);
+  auto lse = fresh(B * NH * T);
+  kern::attention_forward_lse<F>(a.data(), lse.data(), qkv.data(), B, T, C, NH);
+  kern::attention_backward_lse<F>(dqkv.data(), dy_c.data(), qkv.data(), a.data(), lse.data(), B,
+                                  T, C, NH);
+  r["attention_lse.out"] = up(a), r["attention_lse.lse"] = up(lse);
+  r["attention_lse.dqkv"] = up(dqkv);
 
   auto acc = x;
   kern::add<F>(a.data(), x.data(), dy_c.data(), N * C);
@@ -380,6 +394,29 @@ TEST_CASE("16-bit parameters: bf16 products within their rounding, all else as f
       CHECK(!bitwise_equal(g, w));  // the 16-bit path ran: bf16 rounding of x in [-1, 2] shows
     }
   }
+}
+
+TEST_CASE("blocked attention ops check lse and out") {
+  const Fixture fx;
+  const Data d(kSmall, ScalarType::f32, ScalarType::f32);
+  const int64_t B = kSmall.B, T = kSmall.T, C = kSmall.C;
+  const int NH = int(kSmall.NH);
+  REQUIRE(fx.ops->blocked_attention());
+  const Tensor qkv = fx.make({B, T, 3 * C}, ScalarType::f32, d.qkv);
+  const Tensor out = fx.empty({B, T, C}, ScalarType::f32);
+  REQUIRE_THROWS_MATCHES(
+      fx.ops->attention_forward_lse(out, fx.empty({B, NH, T, T}, ScalarType::f32), qkv, NH),
+      Error, Catch::Matchers::MessageMatches(ContainsSubstring("attention_forward_lse: lse is") &&
+                                             ContainsSubstring("expected 20 elements")));
+  REQUIRE_THROWS_MATCHES(
+      fx.ops->attention_forward_lse(out, fx.empty({B, NH, T}, ScalarType::f64), qkv, NH), Error,
+      Catch::Matchers::MessageMatches(ContainsSubstring("attention_forward_lse: lse is") &&
+                                      ContainsSubstring("expected type fp32")));
+  REQUIRE_THROWS_MATCHES(
+      fx.ops->attention_backward_lse(fx.empty({B, T, 3 * C}, ScalarType::f32), out, qkv,
+                                     fx.empty({B, T, 2 * C}, ScalarType::f32),
+                                     fx.empty({B, NH, T}, ScalarType::f32), NH),
+      Error, Catch::Matchers::MessageMatches(ContainsSubstring("attention_backward_lse: out is")));
 }
 
 TEST_CASE("an out-of-range token id surfaces from check_errors") {

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "tests/models/model_runner.hpp"
 
@@ -196,10 +198,59 @@ TEST_CASE("gpt: activation checkpointing gives identical gradients and less acti
   for (size_t i = 0; i < plain.size(); ++i) CHECK(plain[i] == ckpt[i]);  // bitwise: same ops, same order
   INFO("activation peak without checkpointing " << format_bytes(peak_plain) << ", with "
                                                  << format_bytes(peak_ckpt));
-  // Without checkpointing all four blocks' intermediates (15 C + n_head T = 1088 floats per
-  // token each) are live at the end of forward; with it, one block's at a time plus the gradients
-  // in flight: measured 2.82 MiB -> 1.32 MiB. Require at least a 40% drop.
+  // Without checkpointing all four blocks' intermediates (15 C + n_head floats per token each:
+  // the cpu backend keeps attention's logsumexp, not its n_head T probabilities) are live at the
+  // end of forward; with it, one block's at a time plus the gradients in flight: measured
+  // 2.58 MiB -> 1.25 MiB (2.82 -> 1.32 with the probabilities). Require at least a 40% drop.
   CHECK(peak_ckpt * 5 < peak_plain * 3);
+}
+
+TEST_CASE("gpt: blocked attention keeps each row's logsumexp instead of the probabilities") {
+  // What one forward leaves stored (the ledger's activations after it, less before) with the
+  // cpu backend's blocked attention and with GptOptions::attention_probabilities: per layer the
+  // [B, H, T, T] probabilities replace the [B, H, T] logsumexp, nothing else changes, so the
+  // difference is exactly L (B H T^2 - B H T) fp32 values. T = 80 crosses the kernel's blocks.
+  Fixture f;
+  REQUIRE(f.ops->blocked_attention());
+  const GptShape s{3, 32, 4, 64, 80};
+  const int B = 2, T = 80;
+  std::vector<int32_t> tokens, targets;
+  random_tokens(B, T, s.vocab_size, 23, tokens, targets);
+  const auto stored = [&](bool probabilities, std::vector<std::vector<double>>& grads) {
+    GptOptions o{s, ScalarType::f32, ScalarType::f32};
+    o.attention_probabilities = probabilities;
+    Model m = make_gpt(o, *f.ops);
+    ModelRunner r(m, *f.ops, 5);
+    const Batch batch = r.make_batch(Shape{B, T}, tokens, Shape{B, T}, targets);
+    const auto current = [&] {
+      return f.device->ledger().snapshot().at(MemSpace::device, MemCategory::activations).current;
+    };
+    const size_t before = current();
+    const double loss = r.forward(batch);
+    const size_t after = current();
+    r.backward();
+    for (size_t i = 0; i < m.params.size(); ++i) grads.push_back(r.grad(i));
+    return std::pair{static_cast<int64_t>(after - before), loss};
+  };
+  std::vector<std::vector<double>> g_blocked, g_probs;
+  const auto [blocked, loss_blocked] = stored(false, g_blocked);
+  const auto [probs, loss_probs] = stored(true, g_probs);
+  const int64_t H = s.n_head, L = s.n_layer;
+  CHECK(probs - blocked == L * (B * H * T * T - B * H * T) * 4);
+  // Same model, two roundings of attention (fp32, T <= 80): the loss agrees to a few ulp of its
+  // O(1) size, the gradients to the fp32-vs-fp64 bound of the kernels (4e-6 of each tensor's
+  // largest entry; observed ~1e-7).
+  CHECK(std::abs(loss_blocked - loss_probs) <= 1e-6 * std::abs(loss_probs));
+  REQUIRE(g_blocked.size() == g_probs.size());
+  for (size_t i = 0; i < g_probs.size(); ++i) {
+    double diff = 0, scale = 0;
+    for (size_t j = 0; j < g_probs[i].size(); ++j) {
+      diff = std::max(diff, std::abs(g_probs[i][j] - g_blocked[i][j]));
+      scale = std::max(scale, std::abs(g_probs[i][j]));
+    }
+    INFO("parameter " << i);
+    CHECK(diff <= 4e-6 * scale);
+  }
 }
 
 TEST_CASE("gpt: FLOPs per token follow 6N + 12 L T C") {

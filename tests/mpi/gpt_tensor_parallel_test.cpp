@@ -386,9 +386,11 @@ TEST_CASE("gpt sequence parallel: the stored activations per rank are the whole 
   // parallelism at T. Expected, exactly, in fp32 bytes:
   //   whole  B S C (the embedding's output, block 0's input, which the runner keeps as the engine
   //          does) + n_layer (16 B S C + 4 B S + B H S^2) (per block ln_1, qkv [3C], atty, res2,
-  //          ln_2, fc and gelu [4C each], the output; the two LayerNorms' mean and rstd; the
-  //          attention probabilities) + B S C + 2 B S (ln_f's output, mean and rstd) + B S V (the
-  //          logits), call it A, + 1 (the loss)
+  //          ln_2, fc and gelu [4C each], the output; the two LayerNorms' mean and rstd; what
+  //          attention keeps, K: its probabilities B H S^2, or where the backend has blocked
+  //          attention (Ops::blocked_attention, the cpu backend) each row's logsumexp, B H S)
+  //          + B S C + 2 B S (ln_f's output, mean and rstd) + B S V (the logits), call it A,
+  //          + 1 (the loss)
   //   sequence parallel  A / T + 3 B S + 1: every one of those is split over the group (token
   //          shards of the LayerNorm regions, whose outputs backward gathers again; 1/T of the
   //          heads, the MLP columns and the vocabulary), and the vocabulary-parallel
@@ -426,8 +428,8 @@ TEST_CASE("gpt sequence parallel: the stored activations per rank are the whole 
   const Figures whole_f = measure(one), plain = measure(plain_run), seq = measure(seq_run);
   const int64_t B = kB, S = kShape.seq_len, C = kShape.n_embd, H = kShape.n_head, V = kShape.vocab_size;
   const int64_t L = kShape.n_layer;
-  const int64_t A = (B * S * C + L * (16 * B * S * C + 4 * B * S + B * H * S * S) + B * S * C + 2 * B * S +
-                     B * S * V) * 4;
+  const int64_t K = one.ops->blocked_attention() ? B * H * S : B * H * S * S;
+  const int64_t A = (B * S * C + L * (16 * B * S * C + 4 * B * S + K) + B * S * C + 2 * B * S + B * S * V) * 4;
   const int64_t split_by_tokens = (B * S * C + L * (4 * B * S * C + 4 * B * S) + B * S * C + 2 * B * S) * 4;
   if (print())
     std::printf("[rank %d] stored after forward: one rank %lld, tensor parallel %lld, sequence parallel %lld "
