@@ -19,8 +19,8 @@
 #             sub_group_size at its default (1e9) the same limit is a clear out-of-host-memory
 #             error before step 1;
 #   ioerror   the swap files are truncated under a running job (1 rank, checkpoints every 5
-#             steps), once step 5's checkpoint is saved: exit 1 naming the file, the saved
-#             checkpoint untouched (resuming from it trains on), no swap file left.
+#             steps), once step 5's checkpoint is saved: exit 1 naming the file, the newest
+#             saved checkpoint untouched (resuming from it trains on), no swap file left.
 # readonly and full mount a tmpfs in a private mount namespace (unshare -m) and exit 77 (ctest:
 # skipped) where the machine does not allow one.
 # usage: nvme_offload.sh CASE ZERO_TRAIN SOURCE_DIR WORK_DIR MPIRUN [MPIRUN ARGS...]
@@ -201,18 +201,23 @@ PY
     { cat io.log; fail "the error does not name the truncated swap file"; }
   grep -q "step 2000/" io.log && fail "the run went on to the end"
   [ -z "$(find swap -type f)" ] || fail "swap files left behind: $(find swap)"
-  [ "$(cat ck/latest)" = step_00000005 ] || fail "latest is $(cat ck/latest), not step_00000005"
-  # The checkpoint is whole: a resumed run (fresh swap files) trains from it.
-  python3 - <<'PY'
-import json
+  # The newest checkpoint (step 5, or a later one the run saved before the truncation took
+  # effect) is whole: a resumed run (fresh swap files) trains from it.
+  latest=$(cat ck/latest)
+  [[ $latest =~ ^step_0*([0-9]+)$ ]] || fail "ck/latest is '$latest'"
+  at=${BASH_REMATCH[1]}
+  [ "$at" -ge 5 ] && [ "$at" -lt 2000 ] || fail "ck/latest names step $at"
+  python3 - $((at + 2)) <<'PY'
+import json, sys
 c = json.load(open("nvme.json"))
-c["zero_train"]["steps"] = 7
+c["zero_train"]["steps"] = int(sys.argv[1])
 json.dump(c, open("resume.json", "w"), indent=1)
 PY
   run resume.log "$zt" --config resume.json --checkpoint-dir ck --resume
-  [ $rc -eq 0 ] || { cat resume.log; fail "resuming from step 5 failed"; }
-  grep -q "step 7/7" resume.log || { cat resume.log; fail "the resumed run did not reach step 7"; }
-  echo "ok: exit 1 naming $(grep -Eo 'opt-g[0-9.]+\.swp' io.log | head -1); step 5's checkpoint resumed; no files left"
+  [ $rc -eq 0 ] || { cat resume.log; fail "resuming from step $at failed"; }
+  grep -q "resumed from ck/$latest at step $at" resume.log || { cat resume.log; fail "not resumed from $latest"; }
+  grep -q "step $((at + 2))/$((at + 2))" resume.log || { cat resume.log; fail "the resumed run did not reach step $((at + 2))"; }
+  echo "ok: exit 1 naming $(grep -Eo 'opt-g[0-9.]+\.swp' io.log | head -1); step $at's checkpoint resumed; no files left"
   ;;
 *) fail "unknown case $case_" ;;
 esac
