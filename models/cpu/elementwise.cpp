@@ -164,15 +164,7 @@ float cross_entropy_forward(float* losses, const float* logits, const int32_t* t
       losses[r] = m + std::log(sum) - row[targets[r]];  // logsumexp - the target's logit
     }
   });
-  // The mean in row order, in double (kernels.cpp's cross_entropy_forward says why).
-  double total = 0;
-  int64_t count = 0;
-  for (int64_t r = 0; r < N; ++r) {
-    if (targets[r] < 0) continue;
-    total += double(losses[r]);
-    ++count;
-  }
-  return count == 0 ? 0.0f : float(total / double(count));
+  return cpu::detail::mean_loss(losses, targets, N);
 }
 
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets,

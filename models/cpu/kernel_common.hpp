@@ -95,4 +95,20 @@ F exp_shifted(const F* in, F* out, int64_t n) {
   return sum;
 }
 
+// The mean of the per-row losses over the rows with a target (targets[r] >= 0), 0 when there
+// are none: summed in row order in double, so that the fp32 loss of many rows is not the
+// rounding error of a long fp32 sum, and so that every cross-entropy kernel (whole, vocabulary
+// shard, vectorised) returns the same bits for the same losses.
+template <class F>
+F mean_loss(const F* losses, const int32_t* targets, int64_t N) {
+  double total = 0;
+  int64_t count = 0;
+  for (int64_t r = 0; r < N; ++r) {
+    if (targets[r] < 0) continue;
+    total += double(losses[r]);
+    ++count;
+  }
+  return count == 0 ? F(0) : F(total / double(count));
+}
+
 }  // namespace zero::models::cpu::detail

@@ -572,16 +572,7 @@ F cross_entropy_forward(F* losses, const F* logits, const int32_t* targets, int6
       losses[r] = m + std::log(sum) - row[targets[r]];  // logsumexp - the target's logit
     }
   });
-  // The mean, in row order; in double, so that the fp32 loss of many rows is not the rounding
-  // error of a long fp32 sum.
-  double total = 0;
-  int64_t count = 0;
-  for (int64_t r = 0; r < N; ++r) {
-    if (targets[r] < 0) continue;
-    total += double(losses[r]);
-    ++count;
-  }
-  return count == 0 ? F(0) : F(total / double(count));
+  return detail::mean_loss(losses, targets, N);
 }
 
 template <ComputeType F>

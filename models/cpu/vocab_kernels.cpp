@@ -115,18 +115,9 @@ void cross_entropy_shard_sums(F* sums, const F* logits, const F* rowmax, const i
 template <ComputeType F>
 F cross_entropy_shard_loss(F* losses, const F* rowmax, const F* sums, const int32_t* targets,
                            int64_t N) {
-  double total = 0;  // in double and row order, as cross_entropy_forward
-  int64_t count = 0;
-  for (int64_t r = 0; r < N; ++r) {
-    if (targets[r] < 0) {
-      losses[r] = 0;
-      continue;
-    }
-    losses[r] = rowmax[r] + std::log(sums[r]) - sums[N + r];  // logsumexp - the target's logit
-    total += double(losses[r]);
-    ++count;
-  }
-  return count == 0 ? F(0) : F(total / double(count));
+  for (int64_t r = 0; r < N; ++r)  // logsumexp - the target's logit
+    losses[r] = targets[r] < 0 ? F(0) : rowmax[r] + std::log(sums[r]) - sums[N + r];
+  return detail::mean_loss(losses, targets, N);
 }
 
 template <ComputeType F>
