@@ -18,6 +18,7 @@ packages=(
   nlohmann-json3-dev                  # ds_config.json parsing
   libopenblas-dev                     # CPU BLAS for the cpu backend
   libdnnl-dev                         # oneDNN: the cpu backend's bf16 (and fp32) matrix products
+  ocl-icd-opencl-dev                  # only a Recommends of libdnnl-dev, but its CMake config needs OpenCL
   python3                             # test scripts: metrics comparison, a safetensors reader
   liburing-dev                        # io_uring: the NVMe tier's asynchronous file engine
   fio                                 # bench/nvme_io's reference: the drive's bandwidth, same run
