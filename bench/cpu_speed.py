@@ -175,6 +175,15 @@ def run_logged(cmd, env, log_path, timeout):
     return out.decode(errors="replace"), None
 
 
+def binding(case):
+    return ["--bind-to", "none"] if case.procs == 1 else []
+
+
+def launch_of(case):
+    return shlex.join(["mpirun"] + binding(case) + ["-np", str(case.procs)]) + (
+        "" if binding(case) else " (Open MPI's default: each rank bound to one core)")
+
+
 def run_zero(a, case, cfg_path, shard, run_dir, steps):
     metrics = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(metrics):
@@ -186,7 +195,10 @@ def run_zero(a, case, cfg_path, shard, run_dir, steps):
     train = [a.zero_train, "--config", cfg_path, "--steps", str(steps), "--data", shard,
              "--metrics", metrics]
     wrapper = [sys.executable, os.path.abspath(__file__), "--rank-wrapper", rss_dir, "--"]
-    cmd = MPIRUN + ["-np", str(case.procs)] + wrapper + train
+    # One rank gets every core: Open MPI binds each rank to one core when it starts 2 ranks or
+    # fewer, which would leave the other cores idle (zero-train warns about it at start-up and
+    # says to launch this way); 2 ranks keep the default one core each.
+    cmd = MPIRUN + binding(case) + ["-np", str(case.procs)] + wrapper + train
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     _, err = run_logged(cmd, env, os.path.join(run_dir, "stderr.log"), a.timeout)
     lines = []
@@ -326,7 +338,7 @@ def build_document(a, cases, gemm, gemm_note):
             params = {"model": model, "stage": case.stage, "offload": case.offload,
                       "ranks": case.procs, "dtype": "bf16", "tokens_per_step": tokens,
                       "openblas_threads": 1, "steps": a.steps, "warmup": a.warmup,
-                      "runs": len(case.runs)}
+                      "runs": len(case.runs), "launch": launch_of(case)}
             same = [p for p in peers if p.stage == case.stage and p.offload == case.offload
                     and throughput(p, tokens)]
             row = {"name": f"{case.label}, {model}", "params": params, "metric": "throughput",
@@ -404,8 +416,9 @@ def build_document(a, cases, gemm, gemm_note):
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "git": git_revision(), "command": the_command(a),
         "machine": {"cpu": cpu_model(), "cores": a.cores, "gpu": None, "ranks": "1 and 2",
-                    "threads": "zero-train: OPENBLAS_NUM_THREADS=1, oneTBB default; peers: "
-                               "cores / processes torch threads"},
+                    "threads": "zero-train: OPENBLAS_NUM_THREADS=1, oneTBB held to the host "
+                               "thread budget (cores / ranks on the cores each rank may use); "
+                               "peers: cores / processes torch threads"},
         "quick": a.quick,
         "settings": {"steps": a.steps, "warmup": a.warmup, "runs": a.runs,
                      "configs": {m: CONFIGS[m] for m in a.models},

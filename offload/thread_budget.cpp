@@ -1,11 +1,13 @@
 #include "offload/thread_budget.hpp"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
+#include <fstream>
 #include <string_view>
 #include <vector>
 
@@ -77,6 +79,60 @@ int divide_cores(int node_cores, int own_cores, int node_ranks) noexcept {
 
 int affinity_core_count() { return std::max(1, count_bits(affinity_mask())); }
 
+int count_cpu_list(std::string_view list) {
+  while (!list.empty() && (list.back() == '\n' || list.back() == ' ')) list.remove_suffix(1);
+  if (list.empty()) return -1;
+  int total = 0;
+  while (!list.empty()) {
+    const size_t comma = list.find(',');
+    const std::string_view item = list.substr(0, comma);
+    list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+    const size_t dash = item.find('-');
+    int lo = 0, hi = 0;
+    const std::string_view a = item.substr(0, dash);
+    if (std::from_chars(a.data(), a.data() + a.size(), lo).ptr != a.data() + a.size() || a.empty())
+      return -1;
+    hi = lo;
+    if (dash != std::string_view::npos) {
+      const std::string_view b = item.substr(dash + 1);
+      if (b.empty() || std::from_chars(b.data(), b.data() + b.size(), hi).ptr != b.data() + b.size())
+        return -1;
+    }
+    if (lo < 0 || hi < lo) return -1;
+    total += hi - lo + 1;
+  }
+  return total;
+}
+
+int machine_core_count() {
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  int cores = online > 0 ? static_cast<int>(std::min(online, 1L << 22)) : 1;
+  // A container's cpuset (cgroup v2, then v1): cpus outside it are not this job's to use.
+  for (const char* path : {"/sys/fs/cgroup/cpuset.cpus.effective",
+                           "/sys/fs/cgroup/cpuset/cpuset.effective_cpus"}) {
+    std::ifstream in(path);
+    std::string text;
+    if (!in || !std::getline(in, text)) continue;
+    const int n = count_cpu_list(text);
+    if (n > 0) {
+      cores = std::min(cores, n);
+      break;
+    }
+  }
+  return std::max(1, cores);
+}
+
+std::string idle_core_advice(int node_cores, int machine_cores, int node_ranks) {
+  if (node_cores >= machine_cores) return "";
+  const int idle = machine_cores - node_cores;
+  return "the " + plural(node_ranks, "rank") + " on this node may run on " +
+         std::to_string(node_cores) + " of its " + plural(machine_cores, "core") +
+         " (their CPU affinity), so " + plural(idle, "core") + (idle == 1 ? " stays" : " stay") +
+         " idle\nHINT: Open MPI binds each rank to one core when it starts 2 ranks or fewer: "
+         "launch with `mpirun --bind-to none` (or `--map-by slot:PE=<cores per rank>`), or start "
+         "one rank per core; if another job uses those cores, ignore this";
+}
+
 ThreadBudget host_thread_budget(MPI_Comm comm, int configured) {
   ZERO_REQUIRE(configured >= 0, "host thread count " + std::to_string(configured) +
                                     " in the config is negative\nHINT: give a count >= 1, or 0 "
@@ -132,6 +188,8 @@ ThreadBudget host_thread_budget(MPI_Comm comm, int configured) {
     why += "; " + plural(b.node_ranks, "rank") + " x " + std::to_string(b.threads) + " > " +
            plural(b.node_cores, "core") + " on this node: oversubscribed";
   b.explanation = "host threads per rank: " + std::to_string(b.threads) + " (" + why + ")";
+  b.machine_cores = machine_core_count();
+  b.advice = idle_core_advice(b.node_cores, b.machine_cores, b.node_ranks);
   return b;
 }
 

@@ -21,6 +21,7 @@
 #include <mpi.h>
 
 #include <string>
+#include <string_view>
 
 namespace zero::offload {
 
@@ -29,11 +30,15 @@ struct ThreadBudget {
   int node_ranks = 1;     // ranks of `comm` on this node
   int node_cores = 1;     // cores the node's ranks may run on, together
   int own_cores = 1;      // cores this rank may run on (its affinity)
+  int machine_cores = 1;  // cores of this machine the job could use (machine_core_count())
   enum class Source { environment, config, automatic } source = Source::automatic;
   // One line for the start-up log, e.g.
   //   "host threads per rank: 4 (16 cores on this node / 4 ranks)"
   //   "host threads per rank: 8 (ZERO_HOST_THREADS=8; 2 ranks x 8 > 8 cores: oversubscribed)"
   std::string explanation;
+  // Empty, or a warning for the start-up log when some of the machine's cores are in no rank's
+  // affinity (idle_core_advice()).
+  std::string advice;
 };
 
 // The automatic rule alone: node_cores / node_ranks, at most own_cores, at least 1.
@@ -42,6 +47,19 @@ int divide_cores(int node_cores, int own_cores, int node_ranks) noexcept;
 
 // The cores this process may run on (sched_getaffinity), >= 1.
 int affinity_core_count();
+
+// The cores of this machine a job may use whatever its binding: the online cpus, within the
+// container's cpuset when the cgroup (v2 or v1) says; >= 1.
+int machine_core_count();
+
+// "" when the node's ranks may run on every usable core of the machine (node_cores >=
+// machine_cores); else what to do about the idle ones. mpirun binds ranks: Open MPI binds each
+// rank to one core when it starts 2 ranks or fewer, so `mpirun -np 1` on a 2-core machine
+// leaves a core idle however many threads the rank would use.
+std::string idle_core_advice(int node_cores, int machine_cores, int node_ranks);
+
+// Cpus named by a Linux cpu list ("0-3,8,10-11"); -1 when the text is not one.
+int count_cpu_list(std::string_view list);
 
 ThreadBudget host_thread_budget(MPI_Comm comm, int configured = 0);
 

@@ -70,6 +70,7 @@ void report_run(const Run& run, DeviceKind kind, const offload::ThreadBudget& bu
                 run.D == run.W ? "ranks" : "data-parallel rank(s)", run.steps, c.seed, run.data.describe().c_str(), run.T);
   log::info(line);
   log::info(budget.explanation);
+  if (!budget.advice.empty()) log::warn(budget.advice);
   // What decides whether another machine reproduces this run's losses bit for bit.
   if (kind == DeviceKind::cpu)
     log::info("cpu kernels: " + models::cpu_blas_description() +

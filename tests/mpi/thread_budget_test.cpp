@@ -21,8 +21,12 @@
 #include "core/world.hpp"
 
 using Catch::Matchers::ContainsSubstring;
+using zero::offload::affinity_core_count;
+using zero::offload::count_cpu_list;
 using zero::offload::divide_cores;
 using zero::offload::host_thread_budget;
+using zero::offload::idle_core_advice;
+using zero::offload::machine_core_count;
 using zero::offload::ThreadBudget;
 
 namespace {
@@ -75,6 +79,30 @@ TEST_CASE("thread budget: the node's cores divided evenly among its ranks, at le
   CHECK(divide_cores(-3, 4, -1) == 1);
 }
 
+TEST_CASE("thread budget: Linux cpu lists are counted and anything else is refused") {
+  CHECK(count_cpu_list("0") == 1);
+  CHECK(count_cpu_list("0-3") == 4);
+  CHECK(count_cpu_list("0-3,8,10-11\n") == 7);
+  CHECK(count_cpu_list("") == -1);
+  CHECK(count_cpu_list("3-1") == -1);
+  CHECK(count_cpu_list("0-") == -1);
+  CHECK(count_cpu_list("a") == -1);
+  CHECK(count_cpu_list("0,,1") == -1);
+  CHECK(machine_core_count() >= affinity_core_count());
+}
+
+TEST_CASE("thread budget: cores outside every rank's affinity are named with what to do") {
+  CHECK(idle_core_advice(2, 2, 1).empty());
+  CHECK(idle_core_advice(16, 8, 4).empty());  // more than the cgroup says: nothing to add
+  CHECK(idle_core_advice(1, 2, 1) ==
+        "the 1 rank on this node may run on 1 of its 2 cores (their CPU affinity), so 1 core "
+        "stays idle\nHINT: Open MPI binds each rank to one core when it starts 2 ranks or fewer: "
+        "launch with `mpirun --bind-to none` (or `--map-by slot:PE=<cores per rank>`), or start "
+        "one rank per core; if another job uses those cores, ignore this");
+  CHECK_THAT(idle_core_advice(2, 8, 2), ContainsSubstring("the 2 ranks on this node may run on 2 of its 8 cores") &&
+                                            ContainsSubstring("so 6 cores stay idle"));
+}
+
 TEST_CASE("thread budget: automatic, consistent across the ranks of this node") {
   EnvThreads env(nullptr);
   zero::World& w = zero::World::get();
@@ -85,6 +113,8 @@ TEST_CASE("thread budget: automatic, consistent across the ranks of this node") 
   CHECK(b.node_ranks == w.local_size());
   CHECK(b.own_cores == zero::offload::affinity_core_count());
   CHECK(b.own_cores <= b.node_cores);
+  CHECK(b.machine_cores == machine_core_count());
+  CHECK(b.advice == idle_core_advice(b.node_cores, b.machine_cores, b.node_ranks));
   CHECK(b.threads == divide_cores(b.node_cores, b.own_cores, b.node_ranks));
   CHECK(b.threads >= 1);
   CHECK(b.threads <= b.own_cores);
