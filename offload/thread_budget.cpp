@@ -98,7 +98,7 @@ int count_cpu_list(std::string_view list) {
       if (b.empty() || std::from_chars(b.data(), b.data() + b.size(), hi).ptr != b.data() + b.size())
         return -1;
     }
-    if (lo < 0 || hi < lo) return -1;
+    if (lo < 0 || hi < lo || hi >= (1 << 22)) return -1;  // the kernel allows at most 4M cpus
     total += hi - lo + 1;
   }
   return total;

@@ -380,7 +380,10 @@ struct Ours {
   // with a plain "optimizer" block (one parameter group). Key "weight_decay_applies_to".
   bool weight_decay_all = false;
   long long steps = 100;              // optimizer steps to run (also "auto" total_num_steps)
-  bool speculative_host_step = true;  // offload: host AdamW during backward (EngineOptions)
+  // offload: host AdamW during backward (EngineOptions). Absent or null: on for cuda, off on the
+  // cpu backend, where it would run on the cores backward uses and only cost the second bank
+  // (docs/offload.md, "On the cpu backend").
+  std::optional<bool> speculative_host_step;
   double watchdog_timeout = 20;       // s of a rank's silence before the job ends; 0 = off
   // Stop the run (exit 1) when this many optimizer steps in a row did not train (non-finite
   // gradients or loss; runtime/engine/step_guard.hpp); 0 = never.

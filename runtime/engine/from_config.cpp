@@ -8,7 +8,7 @@
 
 namespace zero {
 
-EngineOptions engine_options(const config::Config& c) {
+EngineOptions engine_options(const config::Config& c, DeviceKind kind) {
   EngineOptions o;
   o.stage = c.zero.stage;
   o.gradient_accumulation_steps = static_cast<int>(c.batch.gradient_accumulation_steps);
@@ -78,7 +78,7 @@ EngineOptions engine_options(const config::Config& c) {
   const bool pin = (!o.offload_optimizer || c.zero.offload_optimizer.pin_memory) &&
                    (!o.offload_param || c.zero.offload_param.pin_memory);
   o.pin = pin ? offload::PinPolicy::preferred : offload::PinPolicy::off;
-  o.speculative_host_step = c.ours.speculative_host_step;
+  o.speculative_host_step = c.ours.speculative_host_step.value_or(kind != DeviceKind::cpu);
   o.weight_decay_all = c.ours.weight_decay_all;
   // What the Engine's constructor would refuse, refused now: zero-train --validate calls this
   // function too, so a config it accepts does not fail at start.

@@ -47,6 +47,7 @@ namespace zero {
 // opened (zero-train's --validate and start-up both call this). Throws zero::Error naming the
 // ds_config.json key when the scheduler's parameters make no sense (optim::make_lr_schedule) or
 // the options are refused.
-EngineOptions engine_options(const config::Config& c);
+// `kind`: the device the run trains on (decides what an absent speculative_host_step means).
+EngineOptions engine_options(const config::Config& c, DeviceKind kind);
 
 }  // namespace zero

@@ -183,7 +183,7 @@ int set_up_run(Run& run) {
   run.allocation_stream_guard.device = &device;
   run.ops = models::make_ops(device, *run.stream);
   EngineOptions& o = run.options;
-  o = engine_options(c);
+  o = engine_options(c, kind);
   // The host AdamW's threads: the node's cores shared among its ranks (collective).
   const offload::ThreadBudget budget = offload::host_thread_budget(world.comm());
   o.host_threads = budget.threads;

@@ -47,7 +47,7 @@ void check_startup(const config::Config& c, const Flags& flags) {
   // Heads (and with them the MLP's columns) and the vocabulary split by the tensor degree.
   models::check_tensor_parallel(c.ours.model, c.ours.parallel.tensor);
   if (c.ours.parallel.sequence_parallel) models::check_sequence_parallel(c.ours.model, c.ours.parallel.tensor);
-  (void)engine_options(c);
+  (void)engine_options(c, c.ours.device.value_or(DeviceKind::cpu));  // checks only
   if (flags.data.empty())
     check_model_fits_addition(models::data::AdditionTask(addition_options(c)), c.ours.model);
 }

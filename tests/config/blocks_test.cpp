@@ -360,9 +360,13 @@ TEST_CASE("zero_train: device, memory limits, steps", "[ours]") {
   CHECK(r.config.ours.device_memory_limit == 24LL << 30);
   CHECK(r.config.ours.host_memory_limit == 1LL << 30);
   CHECK(r.config.ours.steps == 7);
-  CHECK(r.config.ours.speculative_host_step);  // default
-  CHECK_FALSE(parse_with(R"("zero_train": {"speculative_host_step": false})")
-                  .config.ours.speculative_host_step);
+  CHECK_FALSE(r.config.ours.speculative_host_step.has_value());  // absent: the device decides
+  CHECK(parse_with(R"("zero_train": {"speculative_host_step": false})")
+            .config.ours.speculative_host_step == false);
+  CHECK(parse_with(R"("zero_train": {"speculative_host_step": true})")
+            .config.ours.speculative_host_step == true);
+  CHECK_FALSE(parse_with(R"("zero_train": {"speculative_host_step": null})")
+                  .config.ours.speculative_host_step.has_value());
   CHECK(parse_with(R"("zero_train": {"device": "cuda"})").config.ours.device ==
         zero::DeviceKind::cuda);
   CHECK_FALSE(parse_with(R"("zero_train": {"device": "auto"})").config.ours.device.has_value());

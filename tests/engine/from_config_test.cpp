@@ -37,7 +37,7 @@ TEST_CASE("engine options: a stage-3 bf16 config with every communication knob")
     "activation_checkpointing": {"number_checkpoints": 2},
     "seed": 99
   })", 4);
-  const EngineOptions o = engine_options(c);
+  const EngineOptions o = engine_options(c, DeviceKind::cpu);
   CHECK(o.stage == 3);
   CHECK(o.gradient_accumulation_steps == 3);  // 24 = 2 x 3 x 4 ranks
   CHECK(o.param_type == ScalarType::bf16);
@@ -67,17 +67,29 @@ TEST_CASE("engine options: offload blocks") {
   const config::Config c = parse(R"({"train_micro_batch_size_per_gpu": 1,
     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": true},
                           "offload_param": {"device": "cpu", "pin_memory": false}}})");
-  const EngineOptions o = engine_options(c);
+  const EngineOptions o = engine_options(c, DeviceKind::cpu);
   CHECK(o.offload_optimizer);
   CHECK(o.offload_param);
   CHECK(o.pin == offload::PinPolicy::off);  // one block asks for pageable memory
+  // The speculative host step: absent means on for cuda, off on the cpu backend (its AdamW
+  // would run on the cores backward uses); an explicit value wins on both.
+  CHECK_FALSE(o.speculative_host_step);
+  CHECK(engine_options(c, DeviceKind::cuda).speculative_host_step);
+  for (const char* v : {"true", "false"}) {
+    const config::Config e = parse(std::string(R"({"train_micro_batch_size_per_gpu": 1,
+      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+      "zero_train": {"speculative_host_step": )") + v + "}}");
+    const bool want = std::string(v) == "true";
+    CHECK(engine_options(e, DeviceKind::cpu).speculative_host_step == want);
+    CHECK(engine_options(e, DeviceKind::cuda).speculative_host_step == want);
+  }
 }
 
 TEST_CASE("engine options: DeepSpeed's defaults, fp16 loss scaling, overlap off below stage 3") {
   const config::Config c = parse(R"({"train_micro_batch_size_per_gpu": 1,
     "fp16": {"enabled": true, "initial_scale_power": 12},
     "zero_optimization": {"stage": 2}})");
-  const EngineOptions o = engine_options(c);
+  const EngineOptions o = engine_options(c, DeviceKind::cpu);
   CHECK(o.stage == 2);
   CHECK(o.param_type == ScalarType::f16);
   REQUIRE(o.loss_scaler.has_value());
@@ -96,7 +108,7 @@ TEST_CASE("engine options: WarmupLR runs at DeepSpeed's iteration, OneCycle move
   const config::Config warm = parse(R"({"train_micro_batch_size_per_gpu": 1,
     "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01,
                                                  "warmup_num_steps": 10, "warmup_type": "linear"}}})");
-  const EngineOptions w = engine_options(warm);
+  const EngineOptions w = engine_options(warm, DeviceKind::cpu);
   // DeepSpeed: the first applied step runs with what the scheduler's constructor set
   // (iteration -1: warmup_min_lr), step t at iteration t - 2, the max from step 12 on.
   CHECK(w.lr(1) == Catch::Approx(0.0).margin(1e-9));
@@ -108,7 +120,7 @@ TEST_CASE("engine options: WarmupLR runs at DeepSpeed's iteration, OneCycle move
   const config::Config cyc = parse(R"({"train_micro_batch_size_per_gpu": 1,
     "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.001, "cycle_max_lr": 0.01,
                   "cycle_first_step_size": 10, "cycle_min_mom": 0.85, "cycle_max_mom": 0.95}}})");
-  const EngineOptions c = engine_options(cyc);
+  const EngineOptions c = engine_options(cyc, DeviceKind::cpu);
   REQUIRE(c.betas);
   // Applied step t reads the schedule at DeepSpeed's iteration t - 2 (optim/lr_schedule.hpp
   // pins the formulas to DeepSpeed's; here: that the mapping reads them at the right place).
@@ -125,8 +137,8 @@ TEST_CASE("engine options: WarmupLR runs at DeepSpeed's iteration, OneCycle move
 }
 
 TEST_CASE("engine options: weight decay applies to the model's matrices, or to all parameters") {
-  CHECK_FALSE(engine_options(parse(R"({"train_batch_size": 1})")).weight_decay_all);
-  CHECK(engine_options(parse(R"({"train_batch_size": 1, "zero_train": {"weight_decay_applies_to": "all"}})"))
+  CHECK_FALSE(engine_options(parse(R"({"train_batch_size": 1})"), DeviceKind::cpu).weight_decay_all);
+  CHECK(engine_options(parse(R"({"train_batch_size": 1, "zero_train": {"weight_decay_applies_to": "all"}})"), DeviceKind::cpu)
             .weight_decay_all);
 }
 
@@ -139,7 +151,7 @@ TEST_CASE("engine options: Hugging Face's auto templates build their schedules")
     const config::LoadResult r =
         config::load_config_file(std::string(ZERO_TEST_DATA_DIR) + "/configs/" + name, env);
     REQUIRE(r.ok());
-    const EngineOptions o = engine_options(r.config);
+    const EngineOptions o = engine_options(r.config, DeviceKind::cpu);
     // log warmup over max(2, 0) = 2 iterations from warmup_min_lr 0 to the optimizer's lr 1e-3.
     // Applied step t runs at DeepSpeed's iteration t - 2: step 1 at the constructor's lr
     // (warmup_min_lr), step 2 at ln(1)/ln(2) = 0, step 3 at ln(2)/ln(2) = 1.

@@ -88,6 +88,7 @@ TEST_CASE("thread budget: Linux cpu lists are counted and anything else is refus
   CHECK(count_cpu_list("0-") == -1);
   CHECK(count_cpu_list("a") == -1);
   CHECK(count_cpu_list("0,,1") == -1);
+  CHECK(count_cpu_list("0-2147483647") == -1);  // no overflow: past the kernel's 4M cpus
   CHECK(machine_core_count() >= affinity_core_count());
 }
 
