@@ -362,7 +362,7 @@ TEST_CASE("16-bit blocked attention agrees with the fp32 kernel within its round
       CHECK(e_lse <= 1e-5);
       // out = sum_j P_j v_j / l: P rounded (u per term; sum_j P_j = 1, so at most u max|v|) and
       // out rounded once (u |out|): within 2u of max |v|, about max |out| here. Measured: 0.63u
-      // (bf16), 0.5u (fp16, whose P is not rounded: no fp16 products on AVX-512 CPUs). Bound 2u.
+      // (bf16), 0.5u (fp16, whose P stays fp32 where oneDNN has no fp16 kernel). Bound 2u.
       CHECK(e_out <= 2 * u);
       // dqkv: dV sums P dO (one rounded operand), dQ and dK sum dS k and dS q where dS = P (dP - D)
       // is itself rounded after a cancellation, and each is rounded once on store; measured 0.77u
