@@ -12,12 +12,20 @@
 //     8 heads, fp32) and, without --quick, at T 1024 and 2048 (B 1), interleaved repetition by
 //     repetition with the materialised pair.
 //
+//   - 16-bit activations (docs/cpu-kernels.md, "16-bit activations"): the activation peak with
+//     bf16 parameters and bf16 against fp32 activations (same steps as above), the blocked
+//     kernels' time with bf16 against fp32 activations, and one transformer block's forward plus
+//     backward (C 512, 8 heads, B 4, T 256, bf16 parameters) with bf16 against fp32
+//     activations, interleaved repetition by repetition.
+//
 //   OPENBLAS_NUM_THREADS=1 mpirun -np 1 --bind-to none build/bench/cpu_attention [--quick]
 // (--bind-to none: Open MPI binds a lone rank to one core, which would leave oneTBB one thread.)
 #include <mpi.h>
 #include <tbb/task_arena.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,6 +33,8 @@
 #include "collectives/communicator.hpp"
 #include "core/world.hpp"
 #include "models/cpu/kernels.hpp"
+#include "models/cpu/kernels16.hpp"
+#include "models/cpu/matmul.hpp"
 #include "models/gpt.hpp"
 #include "runtime/engine/engine.hpp"
 
@@ -47,15 +57,17 @@ struct StepFigures {
 
 // The ledger's activation peak over the second Engine step of the issue-21 GPT at seq_len T, and
 // that step's time (the first one allocates the optimizer state).
-StepFigures gpt_step(coll::Communicator& comm, int T, bool probabilities) {
+StepFigures gpt_step(coll::Communicator& comm, int T, bool probabilities,
+                     ScalarType param = ScalarType::f32, ScalarType act = ScalarType::f32) {
   auto dev = make_device(DeviceKind::cpu);  // its own ledger: only this model's bytes
   auto stream = dev->create_stream("compute");
   auto ops = models::make_ops(*dev, *stream);
-  models::GptOptions g{models::GptShape{8, 512, 8, 8192, T}, ScalarType::f32, ScalarType::f32};
+  models::GptOptions g{models::GptShape{8, 512, 8, 8192, T}, param, act};
   g.attention_probabilities = probabilities;
   Model model = models::make_gpt(g, *ops);
   EngineOptions o;
   o.stage = 0;
+  o.param_type = param;
   Engine engine(model, *dev, *stream, comm, o);
   const auto batch = [&](int) {
     Batch b;
@@ -77,6 +89,53 @@ StepFigures gpt_step(coll::Communicator& comm, int T, bool probabilities) {
       dev->ledger().snapshot().at(MemSpace::device, MemCategory::activations).peak);
   return f;
 }
+
+// Seconds of one forward + backward of the transformer block h.0 of a 1-layer issue-21 GPT
+// (C 512, 8 heads) on a [B, T] micro-batch, with parameters `param` (gradients the same type)
+// and activations `act`: input and upstream gradient are small fixed values of type act.
+struct BlockRun {
+  std::unique_ptr<Device> dev = make_device(DeviceKind::cpu);
+  std::unique_ptr<Stream> stream = dev->create_stream("compute");
+  std::unique_ptr<models::Ops> ops = models::make_ops(*dev, *stream);
+  Model model;
+  Unit* block = nullptr;
+  std::vector<Tensor> params, grads;
+  Tensor input, grad_output;
+
+  BlockRun(ScalarType param, ScalarType act, int64_t B, int64_t T) {
+    model = models::make_gpt({models::GptShape{1, 512, 8, 8192, int(T)}, param, act}, *ops);
+    block = model.units.at(1).get();
+    for (const int id : block->param_ids()) {
+      const ParamSpec& p = model.params.at(size_t(id));
+      std::vector<float> init(size_t(p.numel()));
+      init_param_values(p, 5, 0, p.numel(), init.data());
+      Tensor t = Tensor::empty(*dev, p.shape, p.type, MemCategory::parameters);
+      convert(init.data(), DType::f32, t.data(), *to_dtype(p.type), init.size());
+      params.push_back(t);
+      grads.push_back(Tensor::zeros(*dev, *stream, p.shape, p.type, MemCategory::gradients));
+    }
+    const auto filled = [&](uint64_t mul) {
+      Tensor t = Tensor::empty(*dev, Shape{B, T, 512}, act, MemCategory::activations);
+      std::vector<float> v(size_t(t.numel()));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = float(int64_t(i * mul) % 2001) / 1000.0f - 1.0f;
+      convert(v.data(), DType::f32, t.data(), *to_dtype(act), v.size());
+      return t;
+    };
+    input = filled(7919);
+    grad_output = filled(104729);
+    stream->synchronize();
+  }
+  void run() {
+    UnitContext c;
+    c.params = params;
+    c.input = input;
+    block->forward(c);
+    c.grads = grads;
+    c.grad_output = grad_output;
+    block->backward(c);
+    ops->check_errors();
+  }
+};
 
 }  // namespace
 
@@ -156,6 +215,94 @@ int main(int argc, char** argv) {
       r.value = mine;
       r.reference_name = "materialised attention_forward + attention_backward, same run";
       r.reference_median = theirs.median;
+      report.add(std::move(r));
+    }
+    // ---- 16-bit activations ----
+    for (int T : lengths) {
+      std::fprintf(stderr, "cpu_attention: bf16 GPT steps at seq_len %d...\n", T);
+      const StepFigures a16 = gpt_step(*comm, T, false, ScalarType::bf16, ScalarType::bf16);
+      const StepFigures a32 = gpt_step(*comm, T, false, ScalarType::bf16, ScalarType::f32);
+      Result r;
+      r.name = "issue-21 GPT activation peak (ledger), a steady step, micro-batch 1, seq_len " +
+               std::to_string(T) + ", bf16 parameters: bf16 vs fp32 activations";
+      r.params = {{"seq_len", T}, {"micro_batch", 1}, {"param_dtype", "bf16"},
+                  {"step_seconds", a16.seconds}, {"reference_step_seconds", a32.seconds}};
+      r.metric = "bytes";
+      r.unit = "bytes";
+      r.value = Stats{a16.activation_peak, a16.activation_peak, a16.activation_peak, 1};
+      r.reference_name = "the same step with fp32 activations";
+      r.reference_median = a32.activation_peak;
+      report.add(std::move(r));
+    }
+    for (const Shape3& s : shapes) {
+      const int64_t B = s.B, T = s.T;
+      std::fprintf(stderr, "cpu_attention: bf16 kernels at B %lld T %lld...\n",
+                   static_cast<long long>(B), static_cast<long long>(T));
+      std::vector<float> qkv(size_t(B * T * 3 * C)), dout(size_t(B * T * C)), out(dout.size()),
+          dqkv(qkv.size()), lse(size_t(B * NH * T));
+      for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = float(int64_t(i * 7919) % 2001) / 1000.0f - 1.0f;
+      for (size_t i = 0; i < dout.size(); ++i) dout[i] = float(int64_t(i * 104729) % 2001) / 1000.0f - 1.0f;
+      const auto bf = ScalarType::bf16;
+      std::vector<uint16_t> qkv16(qkv.size()), dout16(dout.size()), out16(dout.size()), dqkv16(qkv.size());
+      convert(qkv.data(), DType::f32, qkv16.data(), DType::bf16, qkv.size());
+      convert(dout.data(), DType::f32, dout16.data(), DType::bf16, dout.size());
+      const auto fp32 = [&] {
+        kern::attention_forward_lse<float>(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+        kern::attention_backward_lse<float>(dqkv.data(), dout.data(), qkv.data(), out.data(),
+                                            lse.data(), B, T, C, NH);
+      };
+      const auto bf16 = [&] {
+        kern::k16::attention_forward_lse(bf, out16.data(), lse.data(), qkv16.data(), B, T, C, NH);
+        kern::k16::attention_backward_lse(bf, dqkv16.data(), dout16.data(), qkv16.data(),
+                                          out16.data(), lse.data(), B, T, C, NH);
+      };
+      fp32();
+      bf16();
+      std::vector<double> a, b;
+      for (int i = 0; i < reps; ++i) {
+        double t = now_seconds();
+        bf16();
+        a.push_back(now_seconds() - t);
+        t = now_seconds();
+        fp32();
+        b.push_back(now_seconds() - t);
+      }
+      Result r;
+      r.name = "blocked attention forward + backward, B " + std::to_string(B) + " T " +
+               std::to_string(T) + " C 512, 8 heads: bf16 vs fp32 activations";
+      r.params = {{"B", B}, {"T", T}, {"C", C}, {"n_head", NH},
+                  {"products", kern::matmul_description(ScalarType::bf16)}};
+      r.metric = "time";
+      r.unit = "s";
+      r.value = stats_of(a);
+      r.reference_name = "the fp32 blocked pair, same run";
+      r.reference_median = stats_of(b).median;
+      report.add(std::move(r));
+    }
+    {
+      std::fprintf(stderr, "cpu_attention: one block, bf16 vs fp32 activations...\n");
+      constexpr int64_t B = 4, T = 256;
+      BlockRun bf(ScalarType::bf16, ScalarType::bf16, B, T), fp(ScalarType::bf16, ScalarType::f32, B, T);
+      bf.run();
+      fp.run();
+      std::vector<double> a, b;
+      for (int i = 0; i < std::max(reps, 5); ++i) {
+        double t = now_seconds();
+        bf.run();
+        a.push_back(now_seconds() - t);
+        t = now_seconds();
+        fp.run();
+        b.push_back(now_seconds() - t);
+      }
+      Result r;
+      r.name = "one transformer block forward + backward, B 4 T 256 C 512, 8 heads, bf16 "
+               "parameters: bf16 vs fp32 activations";
+      r.params = {{"B", B}, {"T", T}, {"C", 512}, {"n_head", 8}, {"param_dtype", "bf16"}};
+      r.metric = "time";
+      r.unit = "s";
+      r.value = stats_of(a);
+      r.reference_name = "fp32 activations, same parameters, same run";
+      r.reference_median = stats_of(b).median;
       report.add(std::move(r));
     }
     if (world.rank() == 0) report.print();

@@ -18,9 +18,13 @@ void check_gpt_options(const GptOptions& o, const Ops& ops) {
                                              " is not divisible by n_head " + std::to_string(s.n_head));
   const ScalarType a = o.activation_type;
   if (ops.device().kind() == DeviceKind::cpu) {
-    ZERO_REQUIRE(a == ScalarType::f32 || a == ScalarType::f64,
-                 "gpt on " + ops.device().name() + ": activations must be fp32 (or fp64 for checks), got " +
+    ZERO_REQUIRE(a == ScalarType::f32 || a == ScalarType::bf16 || a == ScalarType::f16 || a == ScalarType::f64,
+                 "gpt on " + ops.device().name() + ": activations must be fp32, bf16 or fp16 (or fp64 for checks), got " +
                      std::string(to_string(a)));
+    ZERO_REQUIRE(a == ScalarType::f32 || a == ScalarType::f64 || !o.attention_probabilities,
+                 "gpt on " + ops.device().name() + ": attention_probabilities needs fp32 or fp64 activations on cpu (got " +
+                     std::string(to_string(a)) + ")\nHINT: leave attention_probabilities off (the blocked attention "
+                     "computes in 16-bit activations)");
   } else {
     ZERO_REQUIRE(a == ScalarType::f32 || a == ScalarType::bf16 || a == ScalarType::f16,
                  "gpt on " + ops.device().name() + ": activations must be fp32, bf16 or fp16, got " +

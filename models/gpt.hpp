@@ -28,15 +28,16 @@ namespace zero::models {
 struct GptOptions {
   GptShape shape;
   ScalarType param_type = ScalarType::f32;       // storage of parameters (cpu: f32/bf16/f16/f64)
-  ScalarType activation_type = ScalarType::f32;  // cpu: f32 or f64; cuda: f32, bf16 or f16
+  ScalarType activation_type = ScalarType::f32;  // cpu: f32, bf16, f16 or f64; cuda: f32, bf16 or f16
   // Megatron's sequence parallelism over the tensor group (gpt_tensor_parallel.hpp,
   // docs/tensor-parallel.md "Sequence parallelism"): only make_gpt_tensor_parallel at degree > 1
   // reads it; make_gpt and degree 1 ignore it (there is nothing to split).
   bool sequence_parallel = false;
   // Keep attention's [B, H, T, T] probabilities for backward even where the backend has blocked
   // attention (Ops::blocked_attention; docs/cpu-kernels.md): the path the cuda backend always
-  // takes, here for comparisons (bench/cpu_attention, the memory tests). Off: the blocks keep each
-  // row's logsumexp [B, H, T] instead and recompute the probabilities in backward.
+  // takes, here for comparisons (bench/cpu_attention, the memory tests; fp32 / fp64 activations on
+  // cpu). Off: the blocks keep each row's logsumexp [B, H, T] instead and recompute the
+  // probabilities in backward.
   bool attention_probabilities = false;
 };
 

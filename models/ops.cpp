@@ -47,10 +47,10 @@ class Check {
   ScalarType activation(const char* name, const Tensor& t) const {
     defined(name, t);
     const ScalarType a = t.type();
-    if (kind_ == DeviceKind::cpu && a != ScalarType::f32 && a != ScalarType::f64)
+    if (kind_ == DeviceKind::cpu && a != ScalarType::f32 && a != ScalarType::f64 &&
+        a != ScalarType::bf16 && a != ScalarType::f16)
       fail(std::string(name) + " is " + str(t) +
-           ": the cpu backend computes in fp32 or fp64 (16-bit types are for parameters and "
-           "gradients there)");
+           ": the cpu backend's activations are fp32, fp64, bf16 or fp16");
     if (kind_ == DeviceKind::cuda && a == ScalarType::f64)
       fail(std::string(name) + " is " + str(t) + ": fp64 is the cpu backend's reference precision");
     if (a == ScalarType::i32) fail(std::string(name) + " is " + str(t) + ", expected a float type");
@@ -382,9 +382,13 @@ void Ops::accumulate(const Tensor& acc, const Tensor& x) {
   const Check c("accumulate", device_.kind());
   const ScalarType a = c.activation("x", x);
   c.numel("acc", acc, x.numel());
-  // cuda's kernel adds in one type; cpu's stores through Grad, which rounds to a 16-bit acc.
-  if (acc.type() != a && !(device_.kind() == DeviceKind::cpu && a == ScalarType::f32 &&
-                           (acc.type() == ScalarType::bf16 || acc.type() == ScalarType::f16)))
+  // cuda's kernel adds in one type; cpu's stores through Grad, which adds in fp32 and rounds
+  // once to a 16-bit acc: any of fp32, bf16, fp16 for activations other than fp64.
+  const auto f32_or_16 = [](ScalarType t) {
+    return t == ScalarType::f32 || t == ScalarType::bf16 || t == ScalarType::f16;
+  };
+  if (acc.type() != a &&
+      !(device_.kind() == DeviceKind::cpu && f32_or_16(a) && f32_or_16(acc.type())))
     c.type("acc", acc, a);
   do_accumulate(acc, x);
 }

@@ -10,14 +10,19 @@
 // naming the op and the operand; the backends implement the do_ methods on checked input.
 //
 // Types. "A" is the activation type of the call (the type of x / y / dy / dx):
-//   cpu:  fp32 (compute fp32) or fp64 (the reference precision of gradient checks).
+//   cpu:  fp32, bf16 or fp16 (compute and accumulation in fp32; 16-bit A: the kernels of
+//         models/cpu/kernels16.hpp, docs/cpu-kernels.md "16-bit activations"), or fp64 (the
+//         reference precision of gradient checks). The probabilities attention pair is fp32 /
+//         fp64 only on cpu (its models use the lse pair).
 //   cuda: fp32, bf16 or fp16 (compute and accumulation in fp32).
-// Parameters (w, b, wte, wpe) have their storage type: A itself, or on cpu with A = fp32 also
-// bf16 or fp16 (read as fp32). Gradient tensors (dw, db, dwte, dwpe) are fp32 or the parameter's
-// type (cpu also takes any 16-bit type); "+=" means: the op computes its whole contribution in
-// the compute type, adds it to the stored gradient in the compute type and rounds once to the
-// gradient's type. Statistics (mean, rstd) and per-row losses
-// are fp32, or fp64 when A is fp64. Token ids and targets are int32; target -1 is ignored.
+// Parameters (w, b, wte, wpe) have their storage type: A itself, or on cpu with A other than
+// fp64 any of fp32, bf16, fp16 (read as fp32; the linear layers' products are 16-bit when the
+// weight is stored 16-bit, kernels.hpp). Gradient tensors (dw, db, dwte, dwpe) are fp32 or the
+// parameter's type (cpu also takes any 16-bit type); "+=" means: the op computes its whole
+// contribution in the compute type, adds it to the stored gradient in the compute type and
+// rounds once to the gradient's type. Statistics (mean, rstd, lse, the shards' rowmax and sums)
+// and per-row losses are fp32, or fp64 when A is fp64. Token ids and targets are int32; target
+// -1 is ignored.
 //
 // Aliasing: the elementwise ops may run in place (gelu_forward y == x, gelu_backward dx == dy,
 // add out == a or b); no other output may overlap an input. After an op reports bad data (a
@@ -117,8 +122,8 @@ class Ops {
   // out = a + b, elementwise, all of type A and the same element count.
   void add(const Tensor& out, const Tensor& a, const Tensor& b);
   // acc += x, elementwise; x has type A. acc has type A, or is a gradient in a type the backend
-  // stores gradients in for A: on cpu fp32 activations may add into a bf16 or fp16 acc (added
-  // in fp32, rounded once); on cuda acc's type is A.
+  // stores gradients in for A: on cpu any of fp32, bf16, fp16 when A is one of them (added in
+  // fp32, rounded once); on cuda acc's type is A.
   void accumulate(const Tensor& acc, const Tensor& x);
 
   // Cross-entropy of logits [N,V] (any leading shape; N its rows) against targets int32 [N]

@@ -4,6 +4,8 @@
 //
 // Every kernel is a template on F, the compute type: float or double (the reference precision
 // of gradient checks). Activations, their gradients, statistics and per-row losses are F.
+// Activations stored in bf16 or fp16 (computed in fp32) have their own kernels, kernels16.hpp,
+// built on these: the same blocks and row code on widened blocks, one rounding per stored value.
 // Parameters come as Param<F> and "+=" gradients as Grad<F>: F itself (a plain F* converts), or,
 // with F = float, fp16 / bf16 storage (and fp32 gradients of 16-bit parameters).
 //
@@ -11,7 +13,9 @@
 // oneDNN has an fp16 kernel on this CPU), the linear kernels multiply in that type with fp32
 // accumulation, as PyTorch's autocast does: the weight as stored, the activation or upstream
 // gradient rounded once to it; the weight gradient's product is 16-bit when the gradient is
-// stored 16-bit. Everything else (fp32 and fp64 parameters, attention) multiplies in F.
+// stored 16-bit. Everything else (fp32 and fp64 parameters, attention) multiplies in F; with
+// 16-bit activations (kernels16.hpp) attention's products and the weight gradients' are 16-bit
+// too.
 //
 // Semantics (the same as ops.hpp, which documents each op):
 //   - An output named dx / out / y / probs / lse is overwritten; a parameter gradient (dw, db, dwte,

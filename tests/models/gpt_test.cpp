@@ -89,8 +89,12 @@ TEST_CASE("gpt: bad shapes and types are refused with the reason") {
   REQUIRE_THROWS_WITH(make_gpt({s, ScalarType::f32, ScalarType::f32}, *f.ops),
                       Catch::Matchers::ContainsSubstring("not divisible by n_head"));
   s = {2, 32, 4, 16, 8};
-  REQUIRE_THROWS_WITH(make_gpt({s, ScalarType::bf16, ScalarType::bf16}, *f.ops),
-                      Catch::Matchers::ContainsSubstring("activations must be fp32"));
+  REQUIRE_THROWS_WITH(make_gpt({s, ScalarType::bf16, ScalarType::i32}, *f.ops),
+                      Catch::Matchers::ContainsSubstring("activations must be fp32, bf16 or fp16"));
+  GptOptions probs{s, ScalarType::bf16, ScalarType::bf16};
+  probs.attention_probabilities = true;
+  REQUIRE_THROWS_WITH(make_gpt(probs, *f.ops),
+                      Catch::Matchers::ContainsSubstring("attention_probabilities needs fp32 or fp64"));
   REQUIRE_THROWS_WITH(make_gpt({s, ScalarType::f32, ScalarType::f64}, *f.ops),
                       Catch::Matchers::ContainsSubstring("fp64 parameters go with fp64"));
 }
@@ -168,6 +172,49 @@ TEST_CASE("gpt: fp32 compute agrees with fp64, bf16 parameters with their fp32 v
   // sums: docs/models.md), but each only moves the loss by parts in a few hundred of its
   // logits' size, so the loss moves by well under 1%.
   CHECK(std::abs(lbf - l32) <= 1e-2 * std::abs(l32));
+}
+
+TEST_CASE("gpt: bf16 and fp16 activations agree with fp32 activations on the same parameters") {
+  // The cpu backend's 16-bit activations (docs/cpu-kernels.md, "16-bit activations"): the same
+  // 16-bit parameters run with fp32 and with 16-bit activations, fp32 gradients. T = 80 crosses
+  // the attention's 64-row query blocks.
+  Fixture f;
+  const GptShape s{2, 64, 4, 37, 80};
+  const int B = 2, T = 80;
+  std::vector<int32_t> tokens, targets;
+  random_tokens(B, T, s.vocab_size, 19, tokens, targets);
+  auto run = [&](ScalarType param, ScalarType act, std::vector<std::vector<double>>& grads) {
+    Model m = make_gpt({s, param, act}, *f.ops);
+    ModelRunner r(m, *f.ops, 23, ScalarType::f32);
+    const Batch batch = r.make_batch(Shape{B, T}, tokens, Shape{B, T}, targets);
+    const double loss = r.forward_backward(batch);
+    for (size_t i = 0; i < m.params.size(); ++i) grads.push_back(r.grad(i));
+    return loss;
+  };
+  for (const ScalarType t : {ScalarType::bf16, ScalarType::f16}) {
+    INFO("parameters and activations " << to_string(t));
+    // Each stored activation is rounded once to t (relative u = 2^-8 for bf16, 2^-11 for fp16)
+    // and the products' P and dS once more; through ~10 ops per layer, 2 layers and the head,
+    // errors of a few u per tensor add up, partly cancelling. Measured: the loss within 2.2e-5
+    // (bf16) and 2.0e-6 (fp16) relative, under u/100; every gradient within 2.2u (bf16: 0.0084)
+    // and 2.5u (fp16: 0.0012) of its tensor's largest entry. Bounds: the loss within u, each
+    // gradient within 8u.
+    const double u = t == ScalarType::bf16 ? 0x1p-8 : 0x1p-11;
+    std::vector<std::vector<double>> g32, g16;
+    const double l32 = run(t, ScalarType::f32, g32);
+    const double l16 = run(t, t, g16);
+    INFO("loss fp32 activations " << l32 << ", 16-bit " << l16);
+    CHECK(std::abs(l16 - l32) <= u * std::abs(l32));
+    for (size_t i = 0; i < g32.size(); ++i) {
+      double scale = 0, err = 0;
+      for (size_t e = 0; e < g32[i].size(); ++e) {
+        scale = std::max(scale, std::abs(g32[i][e]));
+        err = std::max(err, std::abs(g16[i][e] - g32[i][e]));
+      }
+      INFO("parameter " << i << ": max |g16 - g32| " << err << " of max |g| " << scale);
+      CHECK(err <= 8 * u * scale);
+    }
+  }
 }
 
 TEST_CASE("gpt: activation checkpointing gives identical gradients and less activation memory") {

@@ -63,6 +63,39 @@ TEST_CASE("vocab shards: shards combined as the tensor group would give the whol
   }
 }
 
+TEST_CASE("vocab shards: 16-bit activations: one shard is the whole op and shards combine within a rounding") {
+  // The 16-bit kernels (models/cpu/kernels16.hpp) of the shard ops run the whole ops' row code on
+  // widened rows: one shard is the whole op bit for bit. With S shards the gradients' rows are
+  // summed alike (bitwise); the embedding's two terms are rounded to S separately before the
+  // host adds them, and the logits' gradient rounds a softmax whose sum moved by fp32 ulps: each
+  // within one rounding, u = 2^-8 (bf16) or 2^-11 (fp16) of the largest entry; the fp32 losses
+  // within kSplitBound as in fp32.
+  Cpu cpu;
+  for (const ScalarType a : {ScalarType::bf16, ScalarType::f16}) {
+    INFO("activations " << to_string(a));
+    const double u = a == ScalarType::bf16 ? 0x1p-8 : 0x1p-11;
+    test::VocabRunner run(*cpu.ops, a);
+    const test::VocabProblem p;
+    const test::VocabInputs in = test::vocab_inputs(p, a, 4);
+    const test::VocabOutputs whole = run.whole(p, in), one = run.shards(p, in, 1);
+    CHECK(one.emb == whole.emb);
+    CHECK(one.dwte == whole.dwte);
+    CHECK(one.dwpe == whole.dwpe);
+    CHECK(one.losses == whole.losses);
+    CHECK(one.loss == whole.loss);
+    CHECK(one.dlogits == whole.dlogits);
+    for (int S : {2, 3, 4}) {
+      INFO(S << " shards");
+      const test::VocabOutputs got = run.shards(p, in, S);
+      CHECK(test::vocab_rel_diff(got.emb, whole.emb) <= u);
+      CHECK(got.dwte == whole.dwte);
+      CHECK(got.dwpe == whole.dwpe);
+      CHECK(test::vocab_rel_diff(got.losses, whole.losses) <= kSplitBound);
+      CHECK(test::vocab_rel_diff(got.dlogits, whole.dlogits) <= u);
+    }
+  }
+}
+
 TEST_CASE("vocab shards: a shard holding another range's rows is caught (control)") {
   Cpu cpu;
   test::VocabRunner run(*cpu.ops, ScalarType::f32);
