@@ -15,8 +15,10 @@ rm -rf "$work"
 mkdir -p "$work"
 
 run() {  # run NAME BIND: one step on one rank with mpirun's --bind-to BIND
+  local rc=0
   "${mpirun[@]}" -np 1 --bind-to "$2" "$zt" --config "$config" --steps 1 \
-    --metrics "$work/$1.jsonl" > "$work/$1.log" 2>&1 || { cat "$work/$1.log"; fail "$1: exit $?"; }
+    --metrics "$work/$1.jsonl" > "$work/$1.log" 2>&1 || rc=$?
+  [ "$rc" -eq 0 ] || { cat "$work/$1.log"; fail "$1: exit $rc"; }
   cat "$work/$1.log"
 }
 
