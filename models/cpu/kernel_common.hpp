@@ -13,6 +13,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/error.hpp"
 
@@ -109,6 +110,28 @@ F mean_loss(const F* losses, const int32_t* targets, int64_t N) {
     ++count;
   }
   return count == 0 ? F(0) : F(total / double(count));
+}
+
+// The positions i in [0, n) whose token is in [v0, v0 + Vs), grouped by token: `order` holds
+// them sorted by token, (b,t) order kept within a token; group g is order[starts[g],
+// starts[g + 1]). The embedding backward kernels (whole, vocabulary shard, 16-bit) give each
+// touched row of the token table one summed contribution per group, so no two tasks write one
+// row and the sum's order depends only on the tokens.
+struct TokenGroups {
+  std::vector<int64_t> order;
+  std::vector<int64_t> starts;  // groups() + 1 entries
+  int64_t groups() const noexcept { return static_cast<int64_t>(starts.size()) - 1; }
+};
+inline TokenGroups group_by_token(const int32_t* tokens, int64_t n, int64_t v0, int64_t Vs) {
+  TokenGroups g;
+  for (int64_t i = 0; i < n; ++i)
+    if (tokens[i] >= v0 && tokens[i] < v0 + Vs) g.order.push_back(i);
+  std::stable_sort(g.order.begin(), g.order.end(),
+                   [&](int64_t a, int64_t b) { return tokens[a] < tokens[b]; });
+  for (size_t i = 0; i < g.order.size(); ++i)
+    if (i == 0 || tokens[g.order[i]] != tokens[g.order[i - 1]]) g.starts.push_back(int64_t(i));
+  g.starts.push_back(static_cast<int64_t>(g.order.size()));
+  return g;
 }
 
 }  // namespace zero::models::cpu::detail

@@ -230,16 +230,10 @@ void embedding_backward(Grad<F> dwte, Grad<F> dwpe, const F* dout, const int32_t
   check_ids("embedding_backward", "token id", tokens, B, T, V, false);
   // dwte: positions grouped by token (in (b,t) order within a group), one task per group range,
   // so each touched row of dwte gets one summed contribution.
-  std::vector<int64_t> order(static_cast<size_t>(B * T));
-  std::iota(order.begin(), order.end(), int64_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return tokens[a] < tokens[b]; });
-  std::vector<int64_t> starts;
-  for (size_t i = 0; i < order.size(); ++i)
-    if (i == 0 || tokens[order[i]] != tokens[order[i - 1]]) starts.push_back(int64_t(i));
-  starts.push_back(B * T);
-  const int64_t groups = int64_t(starts.size()) - 1;
-  for_blocks(groups, kRowBlock, [&](int64_t g0, int64_t g1) {
+  const TokenGroups tg = group_by_token(tokens, B * T, 0, V);
+  const std::vector<int64_t>& order = tg.order;
+  const std::vector<int64_t>& starts = tg.starts;
+  for_blocks(tg.groups(), kRowBlock, [&](int64_t g0, int64_t g1) {
     const auto acc = scratch<F>(C);
     for (int64_t g = g0; g < g1; ++g) {
       std::fill_n(acc.get(), C, F(0));

@@ -137,17 +137,10 @@ void embedding_backward(ScalarType s, Grad<float> dwte, Grad<float> dwpe, bool h
   check_ids(op, "token id", tokens, B, T, V, false);
   // As kernels.cpp: the shard's positions grouped by token ((b,t) order within a group), one
   // summed contribution per touched row of dwte.
-  std::vector<int64_t> order;
-  for (int64_t i = 0; i < B * T; ++i)
-    if (tokens[i] >= v0 && tokens[i] < v0 + Vs) order.push_back(i);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return tokens[a] < tokens[b]; });
-  std::vector<int64_t> starts;
-  for (size_t i = 0; i < order.size(); ++i)
-    if (i == 0 || tokens[order[i]] != tokens[order[i - 1]]) starts.push_back(int64_t(i));
-  starts.push_back(int64_t(order.size()));
-  const int64_t groups = int64_t(starts.size()) - 1;
-  for_blocks(groups, kRowBlock, [&](int64_t g0, int64_t g1) {
+  const detail::TokenGroups tg = detail::group_by_token(tokens, B * T, v0, Vs);
+  const std::vector<int64_t>& order = tg.order;
+  const std::vector<int64_t>& starts = tg.starts;
+  for_blocks(tg.groups(), kRowBlock, [&](int64_t g0, int64_t g1) {
     const auto acc = scratch<float>(C);
     const auto d = scratch<float>(C);
     for (int64_t g = g0; g < g1; ++g) {

@@ -42,16 +42,10 @@ void embedding_backward_shard(Grad<F> dwte, Grad<F> dwpe, bool has_wpe, const F*
   check_ids("embedding_backward_shard", "token id", tokens, B, T, V, false);
   // As embedding_backward: the shard's positions grouped by token ((b,t) order within a group),
   // one summed contribution per touched row.
-  std::vector<int64_t> order;
-  for (int64_t i = 0; i < B * T; ++i)
-    if (tokens[i] >= v0 && tokens[i] < v0 + Vs) order.push_back(i);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return tokens[a] < tokens[b]; });
-  std::vector<int64_t> starts;
-  for (size_t i = 0; i < order.size(); ++i)
-    if (i == 0 || tokens[order[i]] != tokens[order[i - 1]]) starts.push_back(int64_t(i));
-  starts.push_back(int64_t(order.size()));
-  const int64_t groups = int64_t(starts.size()) - 1;
-  for_blocks(groups, kRowBlock, [&](int64_t g0, int64_t g1) {
+  const TokenGroups tg = group_by_token(tokens, B * T, v0, Vs);
+  const std::vector<int64_t>& order = tg.order;
+  const std::vector<int64_t>& starts = tg.starts;
+  for_blocks(tg.groups(), kRowBlock, [&](int64_t g0, int64_t g1) {
     const auto acc = scratch<F>(C);
     for (int64_t g = g0; g < g1; ++g) {
       std::fill_n(acc.get(), C, F(0));
