@@ -191,9 +191,10 @@ int set_up_run(Run& run) {
   // node, and 2 ranks on 2 cores ran 4 busy threads. Results do not depend on it (the kernels'
   // blocks depend only on shapes: models/cpu/kernels.hpp).
   run.tbb_threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(budget.threads));
-  // Activations: fp32 on cpu (its kernels read 16-bit parameters as fp32); on cuda the
-  // parameters' type (its kernels compute in fp32 on 16-bit storage of one type).
-  const ScalarType act = kind == DeviceKind::cpu ? ScalarType::f32 : o.param_type;
+  // Activations in the parameters' type on both backends: 16-bit storage, fp32 math in every
+  // element-wise kernel, and 16-bit matrix products with fp32 accumulation (cpu: oneDNN,
+  // models/cpu/kernels16.hpp; cuda: cuBLAS). docs/cpu-kernels.md, "16-bit activations".
+  const ScalarType act = o.param_type;
   const config::Parallel& par = c.ours.parallel;
   // The grid first when there is more than one axis: a tensor slice of the model is built over
   // the grid's tensor communicator.
