@@ -262,25 +262,31 @@ void gelu_forward(ScalarType s, void* y, const void* x, int64_t n) {
   });
 }
 
-void gelu_backward(ScalarType s, void* dx, const void* dy, const void* x, int64_t n) {
-  for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
-    const auto dyb = scratch<float>(i1 - i0);
-    const auto xb = scratch<float>(i1 - i0);
-    load(s, dy, i0, dyb.get(), i1 - i0);
-    load(s, x, i0, xb.get(), i1 - i0);
-    elementwise::gelu_backward(dyb.get(), dyb.get(), xb.get(), i1 - i0);
-    store(s, dx, i0, dyb.get(), i1 - i0);
-  });
-}
-
-void add(ScalarType s, void* out, const void* a, const void* b, int64_t n) {
+namespace {
+// out = f(a, b) on blocks: both inputs widened, the fp32 kernel f(out, a, b, count) writing into
+// a's scratch, one rounding on store.
+template <class F>
+void binary_blocks(ScalarType s, void* out, const void* a, const void* b, int64_t n, F f) {
   for_blocks(n, kElemBlock, [&](int64_t i0, int64_t i1) {
     const auto ab = scratch<float>(i1 - i0);
     const auto bb = scratch<float>(i1 - i0);
     load(s, a, i0, ab.get(), i1 - i0);
     load(s, b, i0, bb.get(), i1 - i0);
-    elementwise::add(ab.get(), ab.get(), bb.get(), i1 - i0);
+    f(ab.get(), ab.get(), bb.get(), i1 - i0);
     store(s, out, i0, ab.get(), i1 - i0);
+  });
+}
+}  // namespace
+
+void gelu_backward(ScalarType s, void* dx, const void* dy, const void* x, int64_t n) {
+  binary_blocks(s, dx, dy, x, n, [](float* o, const float* g, const float* xv, int64_t m) {
+    elementwise::gelu_backward(o, g, xv, m);
+  });
+}
+
+void add(ScalarType s, void* out, const void* a, const void* b, int64_t n) {
+  binary_blocks(s, out, a, b, n, [](float* o, const float* x, const float* y, int64_t m) {
+    elementwise::add(o, x, y, m);
   });
 }
 
