@@ -7,7 +7,8 @@
 # gradients at 1e-5 of their scale, measured 7.4e-7). The same in bf16 within 3e-3 (the loss
 # bound of tests/mpi/tensor_equivalence_test: a bf16 working parameter rounds at 2^-9, so masters
 # that differ in their last bits round to neighbouring bf16 values in some elements; measured
-# 3.8e-7 here, the warm-up keeps the learning rate small). Also: a sequence the degree does not divide
+# 3.3e-5 here with bf16 activations, 3.8e-7 with fp32 ones; the warm-up keeps the learning rate
+# small). Also: a sequence the degree does not divide
 # is refused at start-up, naming the key.
 # usage: tensor_seqpar.sh ZERO_TRAIN SOURCE_DIR WORK_DIR MPIRUN [MPIRUN ARGS...]
 set -euo pipefail

@@ -109,7 +109,8 @@ EngineOptions options(const Setup& s) {
   return o;
 }
 
-// Activations: the parameters' type on cuda, fp32 on cpu (what zero-train does).
+// Activations: the parameters' type on cuda (what zero-train does); fp32 for the cpu reference,
+// the more exact of the cpu backend's two paths, so the bf16 bound measures cuda's rounding.
 Model make_model(Device& dev, models::Ops& ops, ScalarType type) {
   const ScalarType act = dev.kind() == DeviceKind::cuda ? type : ScalarType::f32;
   return models::make_gpt({kGpt, type, act}, ops);
