@@ -66,6 +66,9 @@ struct Key {
   int64_t M, N, K, lda, ldb, ldc;
   bool ta, tb, accumulate;
   ScalarType type;
+  // 0: B as given (ldb, tb). Else B in oneDNN's preferred layout for products of pack_rows rows
+  // (PackedWeight): the primitive for M == pack_rows chooses it, others take it as chosen.
+  int64_t pack_rows = 0;
   auto operator<=>(const Key&) const = default;
 };
 
@@ -81,11 +84,13 @@ memory::desc matrix(int64_t rows, int64_t cols, memory::data_type t, int64_t ld,
   return memory::desc({rows, cols}, t, trans ? memory::dims{1, ld} : memory::dims{ld, 1});
 }
 
-Entry build(const Key& k) {
+Entry build(const Key& k, const memory::desc* packed_b = nullptr) {
   one_openmp_thread_here();
   const memory::data_type t = dnnl_type(k.type);
   const memory::desc a = matrix(k.M, k.K, t, k.lda, k.ta);
-  const memory::desc b = matrix(k.K, k.N, t, k.ldb, k.tb);
+  const memory::desc b = packed_b != nullptr ? *packed_b
+                         : k.pack_rows != 0  ? memory::desc({k.K, k.N}, t, memory::format_tag::any)
+                                             : matrix(k.K, k.N, t, k.ldb, k.tb);
   const memory::desc c = matrix(k.M, k.N, memory::data_type::f32, k.ldc, false);
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -95,7 +100,8 @@ Entry build(const Key& k) {
     attr.set_post_ops(ops);
   }
   const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
-  return Entry{dnnl::matmul(pd), a, b, c, pd.scratchpad_desc(), pd.impl_info_str()};
+  return Entry{dnnl::matmul(pd), a, pd.weights_desc(), c, pd.scratchpad_desc(),
+               pd.impl_info_str()};
 }
 
 std::string describe(const Key& k) {
@@ -108,7 +114,7 @@ std::string describe(const Key& k) {
 // The primitive for k, built on first use. Built outside the lock (a build takes tens of
 // microseconds to milliseconds); when two threads race on a new key, the first insert wins and
 // the other's build is dropped.
-std::shared_ptr<const Entry> lookup(const Key& k) {
+std::shared_ptr<const Entry> lookup(const Key& k, const memory::desc* packed_b = nullptr) {
   static auto* mu = new std::shared_mutex;  // never destroyed, as the engine
   static auto* cache = new std::map<Key, std::shared_ptr<const Entry>>;
   {
@@ -118,7 +124,7 @@ std::shared_ptr<const Entry> lookup(const Key& k) {
   }
   std::shared_ptr<const Entry> e;
   try {
-    e = std::make_shared<const Entry>(build(k));
+    e = std::make_shared<const Entry>(build(k, packed_b));
   } catch (const dnnl::error& err) {
     fail("cpu matmul: oneDNN cannot build the " + describe(k), err, "dnnl::matmul(pd)", __LINE__);
   }
@@ -139,6 +145,22 @@ Key key_of(int64_t M, int64_t N, int64_t K, const MatrixRef& A, const MatrixRef&
   return Key{M, N, K, A.ld, B.ld, ldc, A.trans, B.trans, accumulate, A.type};
 }
 
+
+void execute(const Entry& e, const void* A, const void* B, float* C) {
+  const dnnl::engine& eng = cpu_engine();
+  // One stream per thread: a cpu stream is only an execution context, but not one to share.
+  thread_local dnnl::stream stream(eng);
+  const memory a(e.a, eng, const_cast<void*>(A));  // read only: oneDNN's API is not const
+  const memory b(e.b, eng, const_cast<void*>(B));
+  const memory c(e.c, eng, C);
+  const memory s(e.scratch, eng, thread_scratch(e.scratch.get_size()));
+  e.prim.execute(stream, {{DNNL_ARG_SRC, a},
+                          {DNNL_ARG_WEIGHTS, b},
+                          {DNNL_ARG_DST, c},
+                          {DNNL_ARG_SCRATCHPAD, s}});
+  stream.wait();
+}
+
 }  // namespace
 
 void matmul(int64_t M, int64_t N, int64_t K, const MatrixRef& A, const MatrixRef& B, float* C,
@@ -157,20 +179,121 @@ void matmul(int64_t M, int64_t N, int64_t K, const MatrixRef& A, const MatrixRef
   const std::shared_ptr<const Entry> e = lookup(k);
   one_openmp_thread_here();
   try {
-    const dnnl::engine& eng = cpu_engine();
-    // One stream per thread: a cpu stream is only an execution context, but not one to share.
-    thread_local dnnl::stream stream(eng);
-    const memory a(e->a, eng, const_cast<void*>(A.data));  // read only: oneDNN's API is not const
-    const memory b(e->b, eng, const_cast<void*>(B.data));
-    const memory c(e->c, eng, C);
-    const memory s(e->scratch, eng, thread_scratch(e->scratch.get_size()));
-    e->prim.execute(stream, {{DNNL_ARG_SRC, a},
-                             {DNNL_ARG_WEIGHTS, b},
-                             {DNNL_ARG_DST, c},
-                             {DNNL_ARG_SCRATCHPAD, s}});
-    stream.wait();
+    execute(*e, A.data, B.data, C);
   } catch (const dnnl::error& err) {
     fail("cpu matmul: oneDNN failed to run the " + describe(k), err, "matmul.execute", __LINE__);
+  }
+}
+
+
+struct PackedWeight::Impl {
+  int64_t rows, N, K;
+  MatrixRef B;
+  bool accumulate;
+  std::shared_ptr<const Entry> main;  // the rows-row product on the packed B; null: B as given
+  std::unique_ptr<std::byte[]> storage;
+  void* packed = nullptr;  // 64-byte aligned within storage
+};
+
+PackedWeight::PackedWeight(int64_t rows, int64_t N, int64_t K, const MatrixRef& B,
+                           bool accumulate)
+    : impl_(new Impl{rows, N, K, B, accumulate, nullptr, nullptr, nullptr}) {
+  if (rows <= 0 || N == 0 || K == 0) return;
+  Key k{rows, N, K, K, B.ld, N, false, B.trans, accumulate, B.type, rows};
+  try {
+    std::shared_ptr<const Entry> e = lookup(k);
+    const memory::desc plain = matrix(K, N, dnnl_type(B.type), B.ld, B.trans);
+    if (e->b == plain) return;  // the kernel reads B as it is: nothing to pack
+    const size_t bytes = e->b.get_size();
+    impl_->storage = std::make_unique<std::byte[]>(bytes + 64);
+    const auto p = reinterpret_cast<uintptr_t>(impl_->storage.get());
+    impl_->packed = reinterpret_cast<void*>((p + 63) & ~uintptr_t{63});
+    one_openmp_thread_here();
+    const dnnl::engine& eng = cpu_engine();
+    thread_local dnnl::stream stream(eng);
+    memory from(plain, eng, const_cast<void*>(B.data));  // read only
+    memory to(e->b, eng, impl_->packed);
+    dnnl::reorder(from, to).execute(stream, from, to);
+    stream.wait();
+    impl_->main = std::move(e);
+  } catch (const dnnl::error& err) {
+    delete impl_;
+    fail("cpu matmul: oneDNN cannot pack the weight of the " + describe(k), err, "reorder",
+         __LINE__);
+  }
+}
+
+PackedWeight::~PackedWeight() { delete impl_; }
+
+void PackedWeight::multiply(int64_t M, const MatrixRef& A, float* C, int64_t ldc) const {
+  const Impl& w = *impl_;
+  ZERO_REQUIRE(A.type == w.B.type && !A.trans,
+               "cpu matmul: a packed product needs a row-major left operand of the weight's type");
+  if (!w.main || M == 0 || ldc != w.N) {
+    matmul(M, w.N, w.K, A, w.B, C, ldc, w.accumulate);
+    return;
+  }
+  std::shared_ptr<const Entry> e = w.main;
+  if (M != w.rows || A.ld != w.K) {
+    // Another row count or lda: the kernel for it on the packed layout, when oneDNN has one.
+    const Key k{M, w.N, w.K, A.ld, 0, ldc, false, false, w.accumulate, w.B.type, w.rows};
+    try {
+      e = lookup(k, &w.main->b);
+    } catch (const Error&) {
+      matmul(M, w.N, w.K, A, w.B, C, ldc, w.accumulate);
+      return;
+    }
+  }
+  one_openmp_thread_here();
+  try {
+    execute(*e, A.data, w.packed, C);
+  } catch (const dnnl::error& err) {
+    fail("cpu matmul: oneDNN failed to run a packed product", err, "matmul.execute", __LINE__);
+  }
+}
+
+void transpose(int64_t rows, int64_t cols, ScalarType t, const void* src, int64_t ld, void* dst) {
+  if (rows == 0 || cols == 0) return;
+  struct TKey {
+    int64_t rows, cols, ld;
+    ScalarType t;
+    auto operator<=>(const TKey&) const = default;
+  };
+  struct TEntry {
+    dnnl::reorder prim;
+    memory::desc from, to;
+  };
+  static auto* mu = new std::shared_mutex;  // never destroyed, as the matmul cache
+  static auto* cache = new std::map<TKey, std::shared_ptr<const TEntry>>;
+  const TKey k{rows, cols, ld, t};
+  std::shared_ptr<const TEntry> e;
+  {
+    const std::shared_lock lock(*mu);
+    const auto it = cache->find(k);
+    if (it != cache->end()) e = it->second;
+  }
+  one_openmp_thread_here();
+  const dnnl::engine& eng = cpu_engine();
+  try {
+    if (!e) {
+      // The destination's logical [cols, rows] as the transposed view of the source.
+      const memory::desc from({cols, rows}, dnnl_type(t), memory::dims{1, ld});
+      const memory::desc to({cols, rows}, dnnl_type(t), memory::dims{rows, 1});
+      const dnnl::reorder::primitive_desc pd(eng, from, eng, to);
+      auto made = std::make_shared<const TEntry>(TEntry{dnnl::reorder(pd), from, to});
+      const std::unique_lock lock(*mu);
+      e = cache->emplace(k, std::move(made)).first->second;
+    }
+    thread_local dnnl::stream stream(eng);
+    const memory a(e->from, eng, const_cast<void*>(src));  // read only
+    const memory b(e->to, eng, dst);
+    e->prim.execute(stream, {{DNNL_ARG_FROM, a}, {DNNL_ARG_TO, b}});
+    stream.wait();
+  } catch (const dnnl::error& err) {
+    fail("cpu transpose: oneDNN failed on a " + std::string(to_string(t)) + " " +
+             std::to_string(rows) + " x " + std::to_string(cols) + " matrix (ld " +
+             std::to_string(ld) + ")",
+         err, "dnnl::reorder", __LINE__);
   }
 }
 

@@ -40,6 +40,35 @@ struct MatrixRef {
 void matmul(int64_t M, int64_t N, int64_t K, const MatrixRef& A, const MatrixRef& B, float* C,
             int64_t ldc, bool accumulate);
 
+// The right operand B[K,N] of many products with the same shapes, reordered once into the layout
+// oneDNN's kernel for `rows`-row products prefers (AMX and AVX512-BF16 kernels otherwise re-pack
+// the whole of B on every call: for a weight multiplied in 128-row blocks that is most of a
+// call's memory traffic). multiply() then runs one product on the calling thread, as matmul();
+// several threads may call it at once. Products of another row count (a last, shorter block) use
+// the packed B when oneDNN has a kernel for that layout, else B as given. B must stay alive and
+// unchanged while this object is used; the packed copy is owned here. For fixed shapes, layouts
+// and type the results are bitwise the same on every call.
+class PackedWeight {
+ public:
+  PackedWeight(int64_t rows, int64_t N, int64_t K, const MatrixRef& B, bool accumulate);
+  ~PackedWeight();
+  PackedWeight(const PackedWeight&) = delete;
+  PackedWeight& operator=(const PackedWeight&) = delete;
+  // C[M,N] (ldc) = A[M,K] B, or += when the object was made with `accumulate`; A is row-major
+  // (A.trans must be false) of B's type.
+  void multiply(int64_t M, const MatrixRef& A, float* C, int64_t ldc) const;
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+// dst[cols, rows] (dense, row-major) = the transpose of the rows x cols matrix src of type t (ld
+// elements between its rows): an exact copy, by a cached oneDNN reorder on the calling thread
+// (as matmul: one thread, no scratch shared between calls). Used to hand the brgemm kernels the
+// dense, row-major operands they need (kernels16.cpp, add_at_b).
+void transpose(int64_t rows, int64_t cols, ScalarType t, const void* src, int64_t ld, void* dst);
+
 // Whether matmul computes with operands of type t on this CPU with an optimised kernel: f32
 // always; bf16 where oneDNN has a native or AVX-512 kernel for it; f16 only where the CPU has
 // fp16 arithmetic (AVX512-FP16). A type without one is left to the caller's fp32 path (oneDNN's
