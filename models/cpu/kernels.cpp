@@ -197,12 +197,19 @@ void Grad<F>::add(int64_t offset, const F* v, int64_t n) const {
     F* p = static_cast<F*>(data_) + offset;
     for (int64_t i = 0; i < n; ++i) p[i] += v[i];
   } else if constexpr (std::same_as<F, float>) {
-    if (type_ == ScalarType::bf16) {
-      bfloat16* p = static_cast<bfloat16*>(data_) + offset;
-      for (int64_t i = 0; i < n; ++i) p[i] = to_bfloat16(to_float(p[i]) + v[i]);
-    } else {
-      half* p = static_cast<half*>(data_) + offset;
-      for (int64_t i = 0; i < n; ++i) p[i] = to_half(to_float(p[i]) + v[i]);
+    // 16-bit storage: chunks widened exactly with the vectorised conversions of core/dtype.hpp,
+    // added in fp32, rounded once (to nearest even) on the way back: the bits of
+    // p[i] = round(float(p[i]) + v[i]) element by element, at vector speed (the per-element
+    // loop ran scalar, and weight gradients add every element once per micro-batch).
+    const DType d = type_ == ScalarType::bf16 ? DType::bf16 : DType::f16;
+    char* p = static_cast<char*>(data_) + offset * 2;
+    constexpr int64_t kChunk = 1024;
+    float tmp[kChunk];
+    for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+      const int64_t m = std::min(kChunk, n - i0);
+      convert(p + i0 * 2, d, tmp, DType::f32, static_cast<size_t>(m));
+      for (int64_t i = 0; i < m; ++i) tmp[i] += v[i0 + i];
+      convert(tmp, DType::f32, p + i0 * 2, d, static_cast<size_t>(m));
     }
   }
 }

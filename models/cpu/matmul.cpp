@@ -17,7 +17,11 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -211,6 +215,52 @@ struct PackedWeight::Impl {
   void* packed = nullptr;  // 64-byte aligned within storage
 };
 
+namespace {
+
+// The columns of N that one block of the packed layout `to` holds (the product of its inner
+// blocks along dimension 1), or 0 when the layout is not blocked that way.
+int64_t column_block(const memory::desc& to) {
+  const auto& d = to.data;
+  if (d.format_kind != dnnl_blocked) return 0;
+  const auto& blk = d.format_desc.blocking;
+  int64_t cols = 1;
+  for (int i = 0; i < blk.inner_nblks; ++i)
+    if (blk.inner_idxs[i] == 1) cols *= blk.inner_blks[i];
+  return cols;
+}
+
+// to (packed, its padding included) = from (B as given): zeroed, then reordered in slices of
+// whole column blocks on oneTBB's threads (a slice of the packed layout is one contiguous run of
+// it). One slice, or the whole reorder on this thread when the layout has no column blocks.
+void pack(const memory::desc& from_d, const memory::desc& to_d, const void* src, void* dst,
+          int64_t N) {
+  const size_t bytes = to_d.get_size();
+  constexpr size_t kZeroChunk = size_t{1} << 20;
+  tbb::parallel_for(size_t{0}, (bytes + kZeroChunk - 1) / kZeroChunk, [&](size_t c) {
+    std::memset(static_cast<std::byte*>(dst) + c * kZeroChunk, 0,
+                std::min(kZeroChunk, bytes - c * kZeroChunk));
+  });
+  const dnnl::engine& eng = cpu_engine();
+  const int64_t cb = column_block(to_d);
+  const int64_t K = from_d.dims()[0];
+  // Slices of 4 column blocks (256 columns at 64): few enough reorders, enough of them to share.
+  const int64_t width = cb > 0 ? 4 * cb : N;
+  const int64_t slices = (N + width - 1) / width;
+  tbb::parallel_for(int64_t{0}, slices, [&](int64_t i) {
+    one_openmp_thread_here();
+    thread_local dnnl::stream stream(eng);
+    const int64_t j0 = i * width, nj = std::min(width, N - j0);
+    const memory::desc fd = slices == 1 ? from_d : from_d.submemory_desc({K, nj}, {0, j0});
+    const memory::desc td = slices == 1 ? to_d : to_d.submemory_desc({K, nj}, {0, j0});
+    memory from(fd, eng, const_cast<void*>(src));  // read only
+    memory to(td, eng, dst);
+    dnnl::reorder(from, to).execute(stream, from, to);
+    stream.wait();
+  });
+}
+
+}  // namespace
+
 PackedWeight::PackedWeight(int64_t rows, int64_t N, int64_t K, const MatrixRef& B,
                            bool accumulate)
     : impl_(new Impl{rows, N, K, B, accumulate, nullptr, nullptr, nullptr}) {
@@ -221,16 +271,10 @@ PackedWeight::PackedWeight(int64_t rows, int64_t N, int64_t K, const MatrixRef& 
     const memory::desc plain = matrix(K, N, dnnl_type(B.type), B.ld, B.trans);
     if (e->b == plain) return;  // the kernel reads B as it is: nothing to pack
     const size_t bytes = e->b.get_size();
-    impl_->storage = std::make_unique<std::byte[]>(bytes + 64);
+    impl_->storage.reset(new std::byte[bytes + 64]);
     const auto p = reinterpret_cast<uintptr_t>(impl_->storage.get());
     impl_->packed = reinterpret_cast<void*>((p + 63) & ~uintptr_t{63});
-    one_openmp_thread_here();
-    const dnnl::engine& eng = cpu_engine();
-    thread_local dnnl::stream stream(eng);
-    memory from(plain, eng, const_cast<void*>(B.data));  // read only
-    memory to(e->b, eng, impl_->packed);
-    dnnl::reorder(from, to).execute(stream, from, to);
-    stream.wait();
+    pack(plain, e->b, B.data, impl_->packed, N);
     impl_->main = std::move(e);
   } catch (const dnnl::error& err) {
     delete impl_;

@@ -46,7 +46,9 @@ void matmul(int64_t M, int64_t N, int64_t K, const MatrixRef& A, const MatrixRef
 // call's memory traffic). multiply() then runs one product on the calling thread, as matmul();
 // several threads may call it at once. Products of another row count (a last, shorter block) use
 // the packed B when oneDNN has a kernel for that layout, else B as given. B must stay alive and
-// unchanged while this object is used; the packed copy is owned here. For fixed shapes, layouts
+// unchanged while this object is used; the packed copy is owned here. The constructor packs on
+// oneTBB's threads (slices of whole column blocks; the copy is exact, so the bits do not depend
+// on how many run); it returns when the copy is complete. For fixed shapes, layouts
 // and type the results are bitwise the same on every call.
 class PackedWeight {
  public:
