@@ -150,10 +150,9 @@ Key key_of(int64_t M, int64_t N, int64_t K, const MatrixRef& A, const MatrixRef&
   return Key{M, N, K, A.ld, B.ld, ldc, A.trans, B.trans, accumulate, A.type};
 }
 
-
 // Runs e on this thread. The four memory objects of each primitive are made once per thread and
-// pointed at the call's buffers (set_data_handle): making them anew on every call cost about as
-// much as a small product itself (attention's 64 x 128 x 64 blocks: 1 MFLOP).
+// pointed at the call's buffers (set_data_handle) instead of made anew on every call (measured:
+// about 5% of attention's 1-MFLOP block products).
 void execute(const Entry& e, const void* A, const void* B, float* C) {
   const dnnl::engine& eng = cpu_engine();
   // One stream per thread: a cpu stream is only an execution context, but not one to share.
@@ -204,7 +203,6 @@ void matmul(int64_t M, int64_t N, int64_t K, const MatrixRef& A, const MatrixRef
     fail("cpu matmul: oneDNN failed to run the " + describe(k), err, "matmul.execute", __LINE__);
   }
 }
-
 
 struct PackedWeight::Impl {
   int64_t rows, N, K;
@@ -263,7 +261,7 @@ void pack(const memory::desc& from_d, const memory::desc& to_d, const void* src,
 
 PackedWeight::PackedWeight(int64_t rows, int64_t N, int64_t K, const MatrixRef& B,
                            bool accumulate)
-    : impl_(new Impl{rows, N, K, B, accumulate, nullptr, nullptr, nullptr}) {
+    : impl_(std::make_unique<Impl>(Impl{rows, N, K, B, accumulate, nullptr, nullptr, nullptr})) {
   if (rows <= 0 || N == 0 || K == 0) return;
   Key k{rows, N, K, K, B.ld, N, false, B.trans, accumulate, B.type, rows};
   try {
@@ -277,13 +275,12 @@ PackedWeight::PackedWeight(int64_t rows, int64_t N, int64_t K, const MatrixRef& 
     pack(plain, e->b, B.data, impl_->packed, N);
     impl_->main = std::move(e);
   } catch (const dnnl::error& err) {
-    delete impl_;
     fail("cpu matmul: oneDNN cannot pack the weight of the " + describe(k), err, "reorder",
          __LINE__);
   }
 }
 
-PackedWeight::~PackedWeight() { delete impl_; }
+PackedWeight::~PackedWeight() = default;
 
 void PackedWeight::multiply(int64_t M, const MatrixRef& A, float* C, int64_t ldc) const {
   const Impl& w = *impl_;

@@ -15,11 +15,13 @@
 //   - Blocks only on the primitive cache's lock, and only while a new shape's primitive is built.
 //
 // The primitive cache: one oneDNN matmul primitive per distinct key (M, N, K, lda, ldb, ldc,
-// transposes, type, accumulate), built on first use and kept for the life of the process. A
-// training run has a handful of shapes (a few per layer kind), so the cache stays small.
+// transposes, type, accumulate, packed layout), built on first use and kept for the life of the
+// process. A training run has a handful of shapes (a few per layer kind), so the cache stays
+// small.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "core/tensor.hpp"
@@ -62,7 +64,7 @@ class PackedWeight {
 
  private:
   struct Impl;
-  Impl* impl_;
+  std::unique_ptr<Impl> impl_;
 };
 
 // dst[cols, rows] (dense, row-major) = the transpose of the rows x cols matrix src of type t (ld
