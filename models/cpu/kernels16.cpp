@@ -27,10 +27,12 @@ using detail::for_blocks;
 using detail::kRowBlock;
 using detail::scratch;
 
-// The block sizes of kernels.cpp, for the same reasons (its comments): rows per product, the
+// The block sizes of kernels.cpp, for the same reasons (its comments): rows per product (and, for
+// 16-bit products, columns per weight slice: rows_times_weight), the
 // weight-gradient tile, rows per partial of a parameter-gradient sum and columns per task when
 // the partials are added, elements per element-wise task.
 constexpr int64_t kGemmRows = 128;
+constexpr int64_t kGemmCols = 1024;
 constexpr int64_t kTile = 256;
 constexpr int64_t kSumRows = 64;
 constexpr int64_t kSumCols = 256;
@@ -52,19 +54,48 @@ void add_partials(const std::vector<float>& partial, int64_t blocks, int64_t wid
 // block of kGemmRows rows: one product into fp32 scratch that starts as the bias, rounded once.
 // S products when the weight is stored as S and oneDNN has the kernel; else fp32 on the widened
 // x block and the weight read as fp32.
+//
+// S products are also cut into slices of kGemmCols columns, each slice's weight packed once for
+// all its row blocks (PackedWeight); tasks go slice by slice, so a thread's consecutive blocks
+// reuse the slice's packed weight from its cache (a whole GPT-2 head, 77 MB, was streamed from
+// memory for every row block) and the fp32 tile stays in cache until it is rounded.
 void rows_times_weight(ScalarType s, void* y, const void* x, int64_t N, int64_t K, int64_t n,
                        const Param<float>& w, bool wt, const float* bias) {
   const ScalarType pt = w.type() == s ? product_type(s) : ScalarType::f32;
   const int64_t ldw = wt ? K : n;
+  if (pt == s) {
+    const int64_t slices = (n + kGemmCols - 1) / kGemmCols;
+    const int64_t blocks = (N + kGemmRows - 1) / kGemmRows;
+    auto slice_of = [&](int64_t j) {
+      const int64_t j0 = j * kGemmCols;
+      return MatrixRef{at16(w.data(), wt ? j0 * K : j0), s, ldw, wt};
+    };
+    // Packed when several row blocks share a slice.
+    std::vector<std::unique_ptr<PackedWeight>> packed(static_cast<size_t>(slices));
+    if (blocks > 1)
+      tbb::parallel_for(int64_t{0}, slices, [&](int64_t j) {
+        const int64_t nj = std::min(kGemmCols, n - j * kGemmCols);
+        packed[static_cast<size_t>(j)] =
+            std::make_unique<PackedWeight>(kGemmRows, nj, K, slice_of(j), bias != nullptr);
+      });
+    tbb::parallel_for(int64_t{0}, slices * blocks, [&](int64_t t) {
+      const int64_t j = t / blocks, r0 = (t % blocks) * kGemmRows;
+      const int64_t j0 = j * kGemmCols, nj = std::min(kGemmCols, n - j0);
+      const int64_t rows = std::min(kGemmRows, N - r0);
+      const auto yb = scratch<float>(rows * nj);
+      if (bias)
+        for (int64_t r = 0; r < rows; ++r) std::copy_n(bias + j0, nj, yb.get() + r * nj);
+      const MatrixRef xm{at16(x, r0 * K), s, K};
+      if (packed[static_cast<size_t>(j)])
+        packed[static_cast<size_t>(j)]->multiply(rows, xm, yb.get(), nj);
+      else
+        matmul(rows, nj, K, xm, slice_of(j), yb.get(), nj, bias != nullptr);
+      store_rows(s, y, r0 * n + j0, n, rows, nj, yb.get());
+    });
+    return;
+  }
   std::unique_ptr<float[]> wbuf;
-  const Operand wm = pt == s ? Operand{w.data(), s, ldw}
-                             : Operand{w.dense(K * n, wbuf), ScalarType::f32, ldw};
-  // S products: the weight packed once for every block (see PackedWeight), when there are
-  // several blocks to share it.
-  std::unique_ptr<PackedWeight> packed;
-  if (pt == s && N > kGemmRows)
-    packed = std::make_unique<PackedWeight>(kGemmRows, n, K, MatrixRef{wm.p, s, ldw, wt},
-                                            bias != nullptr);
+  const Operand wm{w.dense(K * n, wbuf), ScalarType::f32, ldw};
   for_blocks(N, kGemmRows, [&](int64_t r0, int64_t r1) {
     const int64_t rows = r1 - r0;
     const auto yb = scratch<float>(rows * n);
@@ -72,10 +103,7 @@ void rows_times_weight(ScalarType s, void* y, const void* x, int64_t N, int64_t 
       for (int64_t r = 0; r < rows; ++r) std::copy_n(bias, n, yb.get() + r * n);
     std::unique_ptr<float[]> xbuf;
     const Operand xm = block(s, x, r0 * K, K, rows, K, pt, xbuf);
-    if (packed)
-      packed->multiply(rows, MatrixRef{xm.p, s, xm.ld}, yb.get(), n);
-    else
-      product(false, wt, rows, n, K, xm, wm, bias != nullptr, yb.get(), n);
+    product(false, wt, rows, n, K, xm, wm, bias != nullptr, yb.get(), n);
     store(s, y, r0 * n, yb.get(), rows * n);
   });
 }

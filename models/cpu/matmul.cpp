@@ -204,13 +204,57 @@ void matmul(int64_t M, int64_t N, int64_t K, const MatrixRef& A, const MatrixRef
   }
 }
 
+namespace {
+
+// Buffers for packed weights, kept when a PackedWeight goes and handed to the next one of the
+// same size: a step packs the same weights every time, and a packed GPT-2 head (77 MB) is above
+// glibc's mmap threshold, so without this each call faulted in fresh pages (measured: as much
+// time as the packing itself). At most kKeptBytes are kept; they are not in the memory ledger
+// (as the cpu device's block cache, core/cpu_device.cpp).
+class PackBuffers {
+ public:
+  static PackBuffers& get() {
+    static auto* b = new PackBuffers;  // never destroyed: PackedWeights may outlive statics
+    return *b;
+  }
+  std::unique_ptr<std::byte[]> take(size_t bytes) {
+    {
+      const std::lock_guard lock(mu_);
+      if (auto it = free_.find(bytes); it != free_.end()) {
+        auto p = std::move(it->second);
+        free_.erase(it);
+        kept_ -= bytes;
+        return p;
+      }
+    }
+    return std::unique_ptr<std::byte[]>(new std::byte[bytes]);
+  }
+  void give(std::unique_ptr<std::byte[]> p, size_t bytes) {
+    if (!p) return;
+    const std::lock_guard lock(mu_);
+    if (kept_ + bytes > kKeptBytes) return;  // p is freed
+    free_.emplace(bytes, std::move(p));
+    kept_ += bytes;
+  }
+
+ private:
+  static constexpr size_t kKeptBytes = size_t{256} << 20;
+  std::mutex mu_;
+  std::multimap<size_t, std::unique_ptr<std::byte[]>> free_;
+  size_t kept_ = 0;
+};
+
+}  // namespace
+
 struct PackedWeight::Impl {
   int64_t rows, N, K;
   MatrixRef B;
   bool accumulate;
   std::shared_ptr<const Entry> main;  // the rows-row product on the packed B; null: B as given
   std::unique_ptr<std::byte[]> storage;
+  size_t storage_bytes = 0;
   void* packed = nullptr;  // 64-byte aligned within storage
+  ~Impl() { PackBuffers::get().give(std::move(storage), storage_bytes); }
 };
 
 namespace {
@@ -227,11 +271,89 @@ int64_t column_block(const memory::desc& to) {
   return cols;
 }
 
-// to (packed, its padding included) = from (B as given): zeroed, then reordered in slices of
-// whole column blocks on oneTBB's threads (a slice of the packed layout is one contiguous run of
-// it). One slice, or the whole reorder on this thread when the layout has no column blocks.
-void pack(const memory::desc& from_d, const memory::desc& to_d, const void* src, void* dst,
+// oneDNN's packed layout for 16-bit B on its AMX and AVX512-BF16 kernels, when `to` is one: K in
+// blocks of 2 * kb rows, N in blocks of nb columns, each block stored as kb pairs of rows, a pair
+// interleaved element by element (B[2i][n], B[2i+1][n], B[2i][n+1], ...: "VNNI" order), blocks at
+// the outer strides. Found by reading the layout (not assumed), so another oneDNN's other choice
+// falls back to its reorder.
+struct Vnni {
+  int64_t kb, nb;      // pairs of K rows per block, columns per block
+  int64_t sk, sn;      // elements between consecutive K blocks, N blocks
+  int64_t Kp, Np;      // padded dimensions
+};
+
+bool vnni_layout(const memory::desc& to, Vnni* v) {
+  const auto& d = to.data;
+  if (d.format_kind != dnnl_blocked || d.ndims != 2 || d.offset0 != 0) return false;
+  if (d.data_type != dnnl_bf16 && d.data_type != dnnl_f16) return false;
+  const auto& blk = d.format_desc.blocking;
+  if (blk.inner_nblks != 3 || blk.inner_idxs[0] != 0 || blk.inner_idxs[1] != 1 ||
+      blk.inner_idxs[2] != 0 || blk.inner_blks[2] != 2)
+    return false;
+  *v = Vnni{blk.inner_blks[0], blk.inner_blks[1], blk.strides[0], blk.strides[1],
+            d.padded_dims[0], d.padded_dims[1]};
+  return v->Kp % (2 * v->kb) == 0 && v->Np % v->nb == 0;
+}
+
+uint32_t load32(const uint16_t* p) {
+  uint32_t x;
+  std::memcpy(&x, p, 4);
+  return x;
+}
+
+// Column block j (nb columns) of the packed layout v from B[K, N] (b(k, n) = src[k * ld + n], or
+// src[n * ld + k] when trans), padding zeroed. Full pairs of rows inside the matrix take the fast
+// loops (an interleave of two rows, or a transpose of 32-bit pairs of a transposed B); the edges
+// go element by element.
+void pack_vnni_block(const Vnni& v, const uint16_t* src, int64_t ld, bool trans, int64_t K,
+                     int64_t N, int64_t j, uint16_t* dst) {
+  const int64_t n0 = j * v.nb, kstep = 2 * v.kb;
+  const bool full_n = n0 + v.nb <= N;
+  for (int64_t k0 = 0; k0 < v.Kp; k0 += kstep) {
+    uint16_t* out = dst + (k0 / kstep) * v.sk + j * v.sn;
+    auto* out32 = reinterpret_cast<uint32_t*>(out);  // 64-byte aligned buffer, even offsets
+    if (full_n && k0 + kstep <= K) {
+      if (!trans) {
+        for (int64_t p = 0; p < v.kb; ++p) {
+          const uint16_t* r0 = src + (k0 + 2 * p) * ld + n0;
+          const uint16_t* r1 = r0 + ld;
+          uint32_t* o = out32 + p * v.nb;
+          for (int64_t n = 0; n < v.nb; ++n) o[n] = uint32_t{r0[n]} | (uint32_t{r1[n]} << 16);
+        }
+      } else {
+        for (int64_t n = 0; n < v.nb; ++n) {
+          const uint16_t* row = src + (n0 + n) * ld + k0;
+          for (int64_t p = 0; p < v.kb; ++p) out32[p * v.nb + n] = load32(row + 2 * p);
+        }
+      }
+      continue;
+    }
+    for (int64_t p = 0; p < v.kb; ++p)
+      for (int64_t n = 0; n < v.nb; ++n)
+        for (int64_t h = 0; h < 2; ++h) {
+          const int64_t k = k0 + 2 * p + h, c = n0 + n;
+          out[(p * v.nb + n) * 2 + h] =
+              k < K && c < N ? (trans ? src[c * ld + k] : src[k * ld + c]) : uint16_t{0};
+        }
+  }
+}
+
+// to (packed, its padding included) = from (B as given, K x N), on oneTBB's threads: our own
+// copy for the VNNI layouts above (oneDNN 2.6's reorder into them runs at 1-4 GB/s here, measured:
+// a tenth of a GPT-2 step), else oneDNN's reorder, zeroed first, in slices of whole column blocks
+// (a slice of the packed layout is one contiguous run of it). Either is an exact copy, so the
+// bits do not depend on how many threads run.
+void pack(const memory::desc& from_d, const memory::desc& to_d, const MatrixRef& B, void* dst,
           int64_t N) {
+  const int64_t K = from_d.dims()[0];
+  Vnni v;
+  if (vnni_layout(to_d, &v)) {
+    tbb::parallel_for(int64_t{0}, v.Np / v.nb, [&](int64_t j) {
+      pack_vnni_block(v, static_cast<const uint16_t*>(B.data), B.ld, B.trans, K, N, j,
+                      static_cast<uint16_t*>(dst));
+    });
+    return;
+  }
   const size_t bytes = to_d.get_size();
   constexpr size_t kZeroChunk = size_t{1} << 20;
   tbb::parallel_for(size_t{0}, (bytes + kZeroChunk - 1) / kZeroChunk, [&](size_t c) {
@@ -240,7 +362,6 @@ void pack(const memory::desc& from_d, const memory::desc& to_d, const void* src,
   });
   const dnnl::engine& eng = cpu_engine();
   const int64_t cb = column_block(to_d);
-  const int64_t K = from_d.dims()[0];
   // Slices of 4 column blocks (256 columns at 64): few enough reorders, enough of them to share.
   const int64_t width = cb > 0 ? 4 * cb : N;
   const int64_t slices = (N + width - 1) / width;
@@ -250,7 +371,7 @@ void pack(const memory::desc& from_d, const memory::desc& to_d, const void* src,
     const int64_t j0 = i * width, nj = std::min(width, N - j0);
     const memory::desc fd = slices == 1 ? from_d : from_d.submemory_desc({K, nj}, {0, j0});
     const memory::desc td = slices == 1 ? to_d : to_d.submemory_desc({K, nj}, {0, j0});
-    memory from(fd, eng, const_cast<void*>(src));  // read only
+    memory from(fd, eng, const_cast<void*>(B.data));  // read only
     memory to(td, eng, dst);
     dnnl::reorder(from, to).execute(stream, from, to);
     stream.wait();
@@ -261,18 +382,25 @@ void pack(const memory::desc& from_d, const memory::desc& to_d, const void* src,
 
 PackedWeight::PackedWeight(int64_t rows, int64_t N, int64_t K, const MatrixRef& B,
                            bool accumulate)
-    : impl_(std::make_unique<Impl>(Impl{rows, N, K, B, accumulate, nullptr, nullptr, nullptr})) {
+    : impl_(std::make_unique<Impl>()) {
+  impl_->rows = rows;
+  impl_->N = N;
+  impl_->K = K;
+  impl_->B = B;
+  impl_->accumulate = accumulate;
   if (rows <= 0 || N == 0 || K == 0) return;
   Key k{rows, N, K, K, B.ld, N, false, B.trans, accumulate, B.type, rows};
   try {
     std::shared_ptr<const Entry> e = lookup(k);
     const memory::desc plain = matrix(K, N, dnnl_type(B.type), B.ld, B.trans);
-    if (e->b == plain) return;  // the kernel reads B as it is: nothing to pack
+    // Nothing to pack when the kernel reads B as it is, nor when only a reference kernel takes it.
+    if (e->b == plain || e->impl.starts_with("ref")) return;
     const size_t bytes = e->b.get_size();
-    impl_->storage.reset(new std::byte[bytes + 64]);
+    impl_->storage_bytes = bytes + 64;
+    impl_->storage = PackBuffers::get().take(impl_->storage_bytes);
     const auto p = reinterpret_cast<uintptr_t>(impl_->storage.get());
     impl_->packed = reinterpret_cast<void*>((p + 63) & ~uintptr_t{63});
-    pack(plain, e->b, B.data, impl_->packed, N);
+    pack(plain, e->b, B, impl_->packed, N);
     impl_->main = std::move(e);
   } catch (const dnnl::error& err) {
     fail("cpu matmul: oneDNN cannot pack the weight of the " + describe(k), err, "reorder",
@@ -297,6 +425,11 @@ void PackedWeight::multiply(int64_t M, const MatrixRef& A, float* C, int64_t ldc
     try {
       e = lookup(k, &w.main->b);
     } catch (const Error&) {
+      e = nullptr;
+    }
+    // No kernel for the packed layout at this shape, or only oneDNN's reference loops (seen: fp32
+    // with a padded A, hundreds of times slower): B as given.
+    if (!e || e->impl.starts_with("ref")) {
       matmul(M, w.N, w.K, A, w.B, C, ldc, w.accumulate);
       return;
     }
@@ -309,8 +442,44 @@ void PackedWeight::multiply(int64_t M, const MatrixRef& A, float* C, int64_t ldc
   }
 }
 
+namespace {
+
+// dst[cols, rows] = the transpose of the 16-bit rows x cols matrix src (ld): blocks of 32 rows x
+// 64 columns go through a 4 KiB tile of 32-bit pairs (two source rows interleaved, a vectorised
+// zip), whose 32-bit transpose gives each destination row's 32 elements in order; the edges go
+// element by element. About 3x oneDNN 2.6's reorder for the weight-gradient operands (measured
+// on AMX: 2 GB/s there).
+void transpose16(int64_t rows, int64_t cols, const uint16_t* src, int64_t ld, uint16_t* dst) {
+  constexpr int64_t kR = 32, kC = 64;
+  alignas(64) uint32_t tile[kR / 2][kC];
+  for (int64_t r0 = 0; r0 < rows; r0 += kR) {
+    for (int64_t c0 = 0; c0 < cols; c0 += kC) {
+      if (r0 + kR > rows || c0 + kC > cols) {
+        const int64_t r1 = std::min(rows, r0 + kR), c1 = std::min(cols, c0 + kC);
+        for (int64_t c = c0; c < c1; ++c)
+          for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = src[r * ld + c];
+        continue;
+      }
+      for (int64_t p = 0; p < kR / 2; ++p) {
+        const uint16_t* a = src + (r0 + 2 * p) * ld + c0;
+        const uint16_t* b = a + ld;
+        for (int64_t c = 0; c < kC; ++c) tile[p][c] = uint32_t{a[c]} | (uint32_t{b[c]} << 16);
+      }
+      for (int64_t c = 0; c < kC; ++c) {
+        uint32_t row[kR / 2];
+        for (int64_t p = 0; p < kR / 2; ++p) row[p] = tile[p][c];
+        std::memcpy(dst + (c0 + c) * rows + r0, row, sizeof row);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void transpose(int64_t rows, int64_t cols, ScalarType t, const void* src, int64_t ld, void* dst) {
   if (rows == 0 || cols == 0) return;
+  if (t == ScalarType::bf16 || t == ScalarType::f16)
+    return transpose16(rows, cols, static_cast<const uint16_t*>(src), ld, static_cast<uint16_t*>(dst));
   struct TKey {
     int64_t rows, cols, ld;
     ScalarType t;

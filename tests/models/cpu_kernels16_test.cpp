@@ -238,75 +238,89 @@ TEST_CASE("16-bit row and element kernels give the fp32 kernels' results rounded
   }
 }
 
+namespace {
+
+// The linear kernels on N rows, C inputs, OC outputs and a tied head of V: 16-bit against fp32.
+void check_linear(ScalarType s, int64_t N, int64_t C, int64_t OC, int64_t V) {
+  INFO("N " << N << ", C " << C << ", OC " << OC << ", V " << V);
+  INFO("activations " << to_string(s) << ", " << (kern::matmul_supports(s) ? "16-bit" : "fp32")
+                      << " products");
+  const double u = unit_roundoff(s);
+  const Floats x = random_values(N * C, 21, s), dy = random_values(N * OC, 22, s);
+  const Floats w = random_values(C * OC, 23, s), b = random_values(OC, 24, s);
+  const Bits x16 = to16(x, s), dy16 = to16(dy, s), w16 = to16(w, s), b16 = to16(b, s);
+  const kern::Param<float> wp(w16.data(), s), bp(b16.data(), s);
+
+  // y = x w + b: K = C terms plus the bias.
+  Floats y32(N * OC);
+  Bits y16(N * OC);
+  kern::linear_forward<float>(y32.data(), x.data(), kern::Param<float>(w.data()), kern::Param<float>(b.data()),
+                              true, N, C, OC);
+  k16::linear_forward(s, y16.data(), x16.data(), wp, bp, true, N, C, OC);
+  auto terms = abs_product(N, OC, C, [&](int64_t i, int64_t k) { return x[i * C + k]; },
+                           [&](int64_t k, int64_t j) { return w[k * OC + j]; });
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t j = 0; j < OC; ++j) terms[i * OC + j] += std::abs(b[j]);
+  CHECK(worst_ratio(from16(y16, s), y32, terms, C + 1, u) <= 1.0);
+  // fp32 weights with 16-bit activations: the fp32 product on widened blocks, rounded once.
+  k16::linear_forward(s, y16.data(), x16.data(), kern::Param<float>(w.data()),
+                      kern::Param<float>(b.data()), true, N, C, OC);
+  CHECK(worst_ratio(from16(y16, s), y32, terms, C + 1, u) <= 1.0);
+
+  // dx = dy w^T: K = OC.
+  Floats dx32(N * C);
+  Bits dx16(N * C);
+  kern::linear_backward_input<float>(dx32.data(), dy.data(), kern::Param<float>(w.data()), N, C, OC);
+  k16::linear_backward_input(s, dx16.data(), dy16.data(), wp, N, C, OC);
+  terms = abs_product(N, C, OC, [&](int64_t i, int64_t k) { return dy[i * OC + k]; },
+                      [&](int64_t k, int64_t j) { return w[j * OC + k]; });
+  CHECK(worst_ratio(from16(dx16, s), dx32, terms, OC, u) <= 1.0);
+
+  // dw += x^T dy into an fp32 gradient (K = N, no rounding to S), db += column sums of dy.
+  Floats dw32(C * OC, 0.0f), dw16(C * OC, 0.0f), db32(OC, 0.0f), db16(OC, 0.0f);
+  kern::linear_backward_weight<float>(dw32.data(), db32.data(), true, dy.data(), x.data(), N, C, OC);
+  k16::linear_backward_weight(s, dw16.data(), db16.data(), true, dy16.data(), x16.data(), N, C, OC);
+  terms = abs_product(C, OC, N, [&](int64_t i, int64_t k) { return x[k * C + i]; },
+                      [&](int64_t k, int64_t j) { return dy[k * OC + j]; });
+  CHECK(worst_ratio(dw16, dw32, terms, N, 0.0) <= 1.0);
+  CHECK(same_bits(db16, db32));  // the column sums: the fp32 kernel's order on the same values
+
+  // The tied head: logits = x wte^T (K = C), dx = dlogits wte (K = V), dwte += dlogits^T x.
+  const Floats wte = random_values(V * C, 25, s), dl = random_values(N * V, 26, s);
+  const Bits wte16 = to16(wte, s), dl16 = to16(dl, s);
+  Floats l32(N * V);
+  Bits l16(N * V);
+  kern::linear_t_forward<float>(l32.data(), x.data(), kern::Param<float>(wte.data()), N, C, V);
+  k16::linear_t_forward(s, l16.data(), x16.data(), kern::Param<float>(wte16.data(), s), N, C, V);
+  terms = abs_product(N, V, C, [&](int64_t i, int64_t k) { return x[i * C + k]; },
+                      [&](int64_t k, int64_t j) { return wte[j * C + k]; });
+  CHECK(worst_ratio(from16(l16, s), l32, terms, C, u) <= 1.0);
+  kern::linear_t_backward_input<float>(dx32.data(), dl.data(), kern::Param<float>(wte.data()), N, C, V);
+  k16::linear_t_backward_input(s, dx16.data(), dl16.data(), kern::Param<float>(wte16.data(), s), N, C, V);
+  terms = abs_product(N, C, V, [&](int64_t i, int64_t k) { return dl[i * V + k]; },
+                      [&](int64_t k, int64_t j) { return wte[k * C + j]; });
+  CHECK(worst_ratio(from16(dx16, s), dx32, terms, V, u) <= 1.0);
+  Floats dwte32(V * C, 0.0f), dwte16(V * C, 0.0f);
+  kern::linear_t_backward_weight<float>(dwte32.data(), dl.data(), x.data(), N, C, V);
+  k16::linear_t_backward_weight(s, dwte16.data(), dl16.data(), x16.data(), N, C, V);
+  terms = abs_product(V, C, N, [&](int64_t i, int64_t k) { return dl[k * V + i]; },
+                      [&](int64_t k, int64_t j) { return x[k * C + j]; });
+  CHECK(worst_ratio(dwte16, dwte32, terms, N, 0.0) <= 1.0);
+  // A 16-bit gradient gets the fp32 sum rounded once on the add.
+  Bits dwb(V * C, 0);
+  k16::linear_t_backward_weight(s, kern::Grad<float>(dwb.data(), s), dl16.data(), x16.data(), N, C, V);
+  CHECK(dwb == rounded(dwte16, s));
+}
+
+}  // namespace
+
 TEST_CASE("16-bit linear products are within one rounding and two fp32 sums of the fp32 kernels") {
   for (const ScalarType s : kTypes) {
-    INFO("activations " << to_string(s) << ", " << (kern::matmul_supports(s) ? "16-bit" : "fp32")
-                        << " products");
-    const double u = unit_roundoff(s);
-    const Floats x = random_values(kN * kC, 21, s), dy = random_values(kN * kOC, 22, s);
-    const Floats w = random_values(kC * kOC, 23, s), b = random_values(kOC, 24, s);
-    const Bits x16 = to16(x, s), dy16 = to16(dy, s), w16 = to16(w, s), b16 = to16(b, s);
-    const kern::Param<float> wp(w16.data(), s), bp(b16.data(), s);
-
-    // y = x w + b: K = C terms plus the bias.
-    Floats y32(kN * kOC);
-    Bits y16(kN * kOC);
-    kern::linear_forward<float>(y32.data(), x.data(), kern::Param<float>(w.data()), kern::Param<float>(b.data()),
-                                true, kN, kC, kOC);
-    k16::linear_forward(s, y16.data(), x16.data(), wp, bp, true, kN, kC, kOC);
-    auto terms = abs_product(kN, kOC, kC, [&](int64_t i, int64_t k) { return x[i * kC + k]; },
-                             [&](int64_t k, int64_t j) { return w[k * kOC + j]; });
-    for (int64_t i = 0; i < kN; ++i)
-      for (int64_t j = 0; j < kOC; ++j) terms[i * kOC + j] += std::abs(b[j]);
-    CHECK(worst_ratio(from16(y16, s), y32, terms, kC + 1, u) <= 1.0);
-    // fp32 weights with 16-bit activations: the fp32 product on widened blocks, rounded once.
-    k16::linear_forward(s, y16.data(), x16.data(), kern::Param<float>(w.data()),
-                        kern::Param<float>(b.data()), true, kN, kC, kOC);
-    CHECK(worst_ratio(from16(y16, s), y32, terms, kC + 1, u) <= 1.0);
-
-    // dx = dy w^T: K = OC.
-    Floats dx32(kN * kC);
-    Bits dx16(kN * kC);
-    kern::linear_backward_input<float>(dx32.data(), dy.data(), kern::Param<float>(w.data()), kN, kC, kOC);
-    k16::linear_backward_input(s, dx16.data(), dy16.data(), wp, kN, kC, kOC);
-    terms = abs_product(kN, kC, kOC, [&](int64_t i, int64_t k) { return dy[i * kOC + k]; },
-                        [&](int64_t k, int64_t j) { return w[j * kOC + k]; });
-    CHECK(worst_ratio(from16(dx16, s), dx32, terms, kOC, u) <= 1.0);
-
-    // dw += x^T dy into an fp32 gradient (K = N, no rounding to S), db += column sums of dy.
-    Floats dw32(kC * kOC, 0.0f), dw16(kC * kOC, 0.0f), db32(kOC, 0.0f), db16(kOC, 0.0f);
-    kern::linear_backward_weight<float>(dw32.data(), db32.data(), true, dy.data(), x.data(), kN, kC, kOC);
-    k16::linear_backward_weight(s, dw16.data(), db16.data(), true, dy16.data(), x16.data(), kN, kC, kOC);
-    terms = abs_product(kC, kOC, kN, [&](int64_t i, int64_t k) { return x[k * kC + i]; },
-                        [&](int64_t k, int64_t j) { return dy[k * kOC + j]; });
-    CHECK(worst_ratio(dw16, dw32, terms, kN, 0.0) <= 1.0);
-    CHECK(same_bits(db16, db32));  // the column sums: the fp32 kernel's order on the same values
-
-    // The tied head: logits = x wte^T (K = C), dx = dlogits wte (K = V), dwte += dlogits^T x.
-    const Floats wte = random_values(kV * kC, 25, s), dl = random_values(kN * kV, 26, s);
-    const Bits wte16 = to16(wte, s), dl16 = to16(dl, s);
-    Floats l32(kN * kV);
-    Bits l16(kN * kV);
-    kern::linear_t_forward<float>(l32.data(), x.data(), kern::Param<float>(wte.data()), kN, kC, kV);
-    k16::linear_t_forward(s, l16.data(), x16.data(), kern::Param<float>(wte16.data(), s), kN, kC, kV);
-    terms = abs_product(kN, kV, kC, [&](int64_t i, int64_t k) { return x[i * kC + k]; },
-                        [&](int64_t k, int64_t j) { return wte[j * kC + k]; });
-    CHECK(worst_ratio(from16(l16, s), l32, terms, kC, u) <= 1.0);
-    kern::linear_t_backward_input<float>(dx32.data(), dl.data(), kern::Param<float>(wte.data()), kN, kC, kV);
-    k16::linear_t_backward_input(s, dx16.data(), dl16.data(), kern::Param<float>(wte16.data(), s), kN, kC, kV);
-    terms = abs_product(kN, kC, kV, [&](int64_t i, int64_t k) { return dl[i * kV + k]; },
-                        [&](int64_t k, int64_t j) { return wte[k * kC + j]; });
-    CHECK(worst_ratio(from16(dx16, s), dx32, terms, kV, u) <= 1.0);
-    Floats dwte32(kV * kC, 0.0f), dwte16(kV * kC, 0.0f);
-    kern::linear_t_backward_weight<float>(dwte32.data(), dl.data(), x.data(), kN, kC, kV);
-    k16::linear_t_backward_weight(s, dwte16.data(), dl16.data(), x16.data(), kN, kC, kV);
-    terms = abs_product(kV, kC, kN, [&](int64_t i, int64_t k) { return dl[k * kV + i]; },
-                        [&](int64_t k, int64_t j) { return x[k * kC + j]; });
-    CHECK(worst_ratio(dwte16, dwte32, terms, kN, 0.0) <= 1.0);
-    // A 16-bit gradient gets the fp32 sum rounded once on the add.
-    Bits dwb(kV * kC, 0);
-    k16::linear_t_backward_weight(s, kern::Grad<float>(dwb.data(), s), dl16.data(), x16.data(), kN, kC, kV);
-    CHECK(dwb == rounded(dwte16, s));
+    check_linear(s, kN, kC, kOC, kV);
+    // Wider shapes: a short last row block (N = 200), weights cut into column slices (OC and V
+    // above 1024) and weight gradients with more than two rows of 256-row tiles (C = 600, V),
+    // whose right operands are packed once for all of them.
+    check_linear(s, 200, 600, 1100, 1100);
   }
 }
 
@@ -408,6 +422,18 @@ std::vector<uint32_t> run_all16(ScalarType s) {
   keep32(losses), keep32({loss});
   k16::cross_entropy_backward(s, y.data(), dy16.data(), targets.data(), kN, kOC, 1.0f);
   keep16(y);
+  // A wide layer: weights in two column slices, a weight gradient with packed right operands.
+  {
+    const int64_t N = 200, C = 600, OC = 1100;
+    const Bits wx = to16(random_values(N * C, 48, s), s), wdy = to16(random_values(N * OC, 49, s), s);
+    const Bits ww = to16(random_values(C * OC, 50, s), s);
+    Bits wy(N * OC), wdx(N * C);
+    Floats wdw(C * OC, 0.0f), wdb(OC, 0.0f);
+    k16::linear_forward(s, wy.data(), wx.data(), kern::Param<float>(ww.data(), s), lp, false, N, C, OC);
+    k16::linear_backward_input(s, wdx.data(), wdy.data(), kern::Param<float>(ww.data(), s), N, C, OC);
+    k16::linear_backward_weight(s, wdw.data(), wdb.data(), true, wdy.data(), wx.data(), N, C, OC);
+    keep16(wy), keep16(wdx), keep32(wdw), keep32(wdb);
+  }
   const AttnCase k{2, 300, 64, 2};
   const Floats qkv = random_values(k.B * k.T * 3 * k.C, 46, s, -2, 2);
   const Floats dout = random_values(k.B * k.T * k.C, 47, s);

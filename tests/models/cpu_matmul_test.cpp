@@ -1,6 +1,6 @@
 // Tests of models/cpu/matmul.hpp: oneDNN products against an fp64 reference for every transpose,
 // leading dimensions wider than the rows, "=" and "+="; the same bits from repeated, concurrent
-// and differently-threaded calls; empty shapes; refused operands.
+// and differently-threaded calls; empty shapes; refused operands; PackedWeight and transpose().
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 #include <omp.h>
@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.hpp"
@@ -30,7 +31,8 @@ struct Stored {
   std::vector<float> f32;         // storage when type is f32
   std::vector<bfloat16> b16;      // storage when type is bf16
 
-  Stored(ScalarType t, int64_t r, int64_t c, uint64_t seed) : type(t), rows(r), cols(c), ld(c + 3) {
+  Stored(ScalarType t, int64_t r, int64_t c, uint64_t seed, int64_t pad = 3)
+      : type(t), rows(r), cols(c), ld(c + pad) {
     std::mt19937_64 gen(seed);
     std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
     v.resize(static_cast<size_t>(r * c));
@@ -136,4 +138,70 @@ TEST_CASE("matmul: empty shapes and refused operands") {
   // and the kernels keep fp16 parameters on their fp32 path.
   if (!models::cpu::matmul_supports(ScalarType::f16))
     CHECK(models::cpu::matmul_description(ScalarType::f16) == "unsupported");
+}
+
+TEST_CASE("PackedWeight: products on the packed weight agree with fp64 and repeat bit for bit") {
+  using zero::models::cpu::PackedWeight;
+  // rows = 128 as the kernels use it; N not a multiple of the 64-column block, K odd (a padded
+  // pair of rows in the VNNI layout), B with padding columns (1e30) that must not be read.
+  const int64_t rows = 128, N = 200, K = 301;
+  for (ScalarType t : {ScalarType::f32, ScalarType::bf16}) {
+    for (int tb = 0; tb < 2; ++tb)
+      for (int acc = 0; acc < 2; ++acc) {
+        INFO(to_string(t) << (tb ? " B^T" : "") << (acc ? " +=" : ""));
+        const Stored B(t, tb ? N : K, tb ? K : N, 7);
+        const PackedWeight pw(rows, N, K, B.ref(tb), acc == 1);
+        // The packed shape with A dense (the product the packing was made for), the same with a
+        // padded A, and a shorter block.
+        for (const auto& [M, pad] : {std::pair<int64_t, int64_t>{rows, 0}, {rows, 3}, {37, 0}}) {
+          INFO("M " << M << ", A padded by " << pad);
+          const Stored A(t, M, K, 8, pad);
+          std::vector<float> C(static_cast<size_t>(M * N));
+          for (size_t i = 0; i < C.size(); ++i) C[i] = float(i % 5) - 2.0f;
+          const std::vector<float> C0 = C;
+          pw.multiply(M, A.ref(false), C.data(), N);
+          double worst = 0;
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+              double ref = acc ? double(C0[size_t(i * N + j)]) : 0.0, mag = std::abs(ref);
+              for (int64_t k = 0; k < K; ++k) {
+                const double p = A.at(i, k) * (tb ? B.at(j, k) : B.at(k, j));
+                ref += p;
+                mag += std::abs(p);
+              }
+              // As the first test: exact products, K + 1 fp32 additions.
+              const double bound = double(K + 1) * std::ldexp(1.0, -24) * mag;
+              worst = std::max(worst, std::abs(C[size_t(i * N + j)] - ref) / bound);
+            }
+          INFO("largest error over its bound: " << worst);
+          CHECK(worst <= 1.0);
+          // The same call again, and on another thread: the same bits.
+          std::vector<float> again = C0, other = C0;
+          pw.multiply(M, A.ref(false), again.data(), N);
+          tbb::parallel_for(0, 1, [&](int) { pw.multiply(M, A.ref(false), other.data(), N); });
+          CHECK(std::memcmp(again.data(), C.data(), C.size() * 4) == 0);
+          CHECK(std::memcmp(other.data(), C.data(), C.size() * 4) == 0);
+        }
+      }
+  }
+}
+
+TEST_CASE("transpose: 16-bit matrices of every edge shape are copied exactly") {
+  // Whole 32 x 64 blocks, partial ones in each direction, odd sizes, a leading dimension wider
+  // than the columns, and one row / one column.
+  const std::pair<int64_t, int64_t> shapes[] = {{64, 128}, {70, 130}, {33, 65}, {1, 100}, {100, 1},
+                                                {31, 63}};
+  for (const auto& [rows, cols] : shapes) {
+    INFO(rows << " x " << cols);
+    const int64_t ld = cols + 5;
+    std::vector<uint16_t> src(static_cast<size_t>(rows * ld));
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint16_t>(i * 2654435761u >> 7);
+    std::vector<uint16_t> dst(static_cast<size_t>(rows * cols), 0xdead);
+    zero::models::cpu::transpose(rows, cols, ScalarType::bf16, src.data(), ld, dst.data());
+    bool same = true;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        same = same && dst[size_t(c * rows + r)] == src[size_t(r * ld + c)];
+    CHECK(same);
+  }
 }
