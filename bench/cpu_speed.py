@@ -25,7 +25,8 @@ Prints one JSON document on stdout (docs/benchmarks.md): per zero-train case its
 (median/min/max over every timed step of every run), the best peer at the same stage and
 offload as reference, ratio, goal ratio_at_least 1.0; peak RSS per process against the peer with
 the same stage, offload and process count; every run's loss curve; model FLOP/s against a bf16
-GEMM rate when build/bench/cpu_gemm exists. A loss table goes to stderr.
+GEMM rate when build/bench/cpu_gemm exists (measured at the start of every round of runs; the
+median is the reference). A loss table goes to stderr.
 
   python3 bench/cpu_speed.py --quick --peers-venv /work/peers-venv
   python3 bench/cpu_speed.py --peers-venv ~/.cache/zero-peers-venv --out-dir /tmp/cpu_speed
@@ -384,7 +385,9 @@ def build_document(a, cases, gemm, gemm_note):
                     "params": params, "metric": "fraction", "unit": "1",
                     "median": mfu / gemm[0], "min": tp["min"] * fpt / gemm[0],
                     "max": tp["max"] * fpt / gemm[0], "reps": tp["reps"],
-                    "reference": {"name": f"build/bench/cpu_gemm: {gemm[1]}", "median": gemm[0]},
+                    "reference": {"name": f"build/bench/cpu_gemm: {gemm[1]} (median of one "
+                                          "measurement per round of runs)",
+                                  "median": gemm[0], "samples": gemm[2]},
                     "ratio": mfu / gemm[0], "goal": {"fraction_at_least": 0.5},
                     "meets_goal": mfu / gemm[0] >= 0.5})
         ref_lrs = next((r["lrs"] for x in ours for r in x.runs if r["lrs"]), None)
@@ -549,7 +552,15 @@ def main(argv):
         if a.peers_venv:
             cases += peer_cases(model, a.quick)
 
+    # The GEMM rate is measured at the start of every round, between the cases, and its median
+    # is the MFU reference: on a VM whose speed drifts by tens of percent within minutes, one
+    # sample taken at one moment would set every case's MFU by that moment.
+    gemm_samples, note = [], None
     for run in range(a.runs):
+        g, note = gemm_rate(a)
+        if g:
+            gemm_samples.append(g)
+            log(f"run {run + 1}/{a.runs} | bf16 GEMM reference: {g[0] / 1e9:.0f} GFLOP/s")
         for i, case in enumerate(cases):
             cfg = case_config(CONFIGS[case.model], case, out_dir)
             run_dir = os.path.join(out_dir, f"{case.model}-{i:02d}-run{run}")
@@ -564,7 +575,11 @@ def main(argv):
                 f"{max([v for v in r['rss'] if v] or [0]) / 2**20:7.0f} MiB | "
                 f"{time.monotonic() - t0:5.1f} s{' | ERROR ' + r['error'] if r['error'] else ''}")
 
-    gemm, note = gemm_rate(a)
+    gemm = None
+    if gemm_samples:
+        gemm = (statistics.median(v for v, _ in gemm_samples), gemm_samples[0][1],
+                [v for v, _ in gemm_samples])
+        note = None
     doc = build_document(a, cases, gemm, note)
     print_losses(cases, a.models)
     text = json.dumps(doc, indent=2)

@@ -112,8 +112,8 @@ void rows_times_weight(ScalarType s, void* y, const void* x, int64_t N, int64_t 
 // output tile into fp32 scratch (fp32 accumulation: a gradient's sum stays fp32), then one
 // rounded add per element.
 //
-// With S products (bf16 on AVX-512), B's tile columns are first packed or copied dense (below;
-// Nc x K elements in all) and each row of tiles copies its columns of A
+// With S products (bf16 on AVX-512), B's tile columns are first packed (PackedWeight: Nc x K
+// elements in all, once for every row of tiles) and each row of tiles copies its columns of A
 // transposed (kTile x K, 1 MiB at K = 2048); the tiles multiply those. oneDNN's AMX and
 // AVX512-BF16 "brgemm" kernels take only a dense, row-major left operand and a dense right one;
 // with A read transposed or B a strided column block oneDNN falls back to a generic kernel at
@@ -125,28 +125,13 @@ void add_at_b(ScalarType s, const Grad<float>& g, int64_t M, int64_t Nc, int64_t
   const ScalarType pt = product_type(s);
   const int64_t tm = (M + kTile - 1) / kTile, tn = (Nc + kTile - 1) / kTile;
   if (pt == s) {
-    // B's columns of each tile, dense: packed once for every row of tiles (PackedWeight) when
-    // there are more than kPackRows rows of tiles, else copied dense for the kernel to pack on
-    // each call. oneDNN's reorder packs at about 4 GB/s here (AMX), its brgemm kernel's own
-    // copy of a dense B at about 12: for one or two rows of tiles the copy is cheaper.
-    constexpr int64_t kPackRows = 2;
+    // B's columns of each tile packed once for every row of tiles (PackedWeight).
     std::vector<std::unique_ptr<PackedWeight>> bp(static_cast<size_t>(tn));
-    std::unique_ptr<uint16_t[]> bc;
-    if (tm > kPackRows) {
-      tbb::parallel_for(int64_t{0}, tn, [&](int64_t tj) {
-        const int64_t j0 = tj * kTile, nj = std::min(kTile, Nc - j0);
-        bp[static_cast<size_t>(tj)] =
-            std::make_unique<PackedWeight>(kTile, nj, K, MatrixRef{at16(B, j0), s, ldb}, false);
-      });
-    } else {
-      bc = scratch<uint16_t>(tn * K * kTile);
-      tbb::parallel_for(int64_t{0}, tn, [&](int64_t tj) {
-        const int64_t j0 = tj * kTile, nj = std::min(kTile, Nc - j0);
-        const auto* b = static_cast<const uint16_t*>(B);
-        uint16_t* d = bc.get() + tj * K * kTile;
-        for (int64_t k = 0; k < K; ++k) std::copy_n(b + k * ldb + j0, nj, d + k * nj);
-      });
-    }
+    tbb::parallel_for(int64_t{0}, tn, [&](int64_t tj) {
+      const int64_t j0 = tj * kTile, nj = std::min(kTile, Nc - j0);
+      bp[static_cast<size_t>(tj)] =
+          std::make_unique<PackedWeight>(kTile, nj, K, MatrixRef{at16(B, j0), s, ldb}, false);
+    });
     tbb::parallel_for(int64_t{0}, tm, [&](int64_t ti) {
       const int64_t i0 = ti * kTile, mi = std::min(kTile, M - i0);
       const auto at = scratch<uint16_t>(mi * K);
@@ -154,11 +139,7 @@ void add_at_b(ScalarType s, const Grad<float>& g, int64_t M, int64_t Nc, int64_t
       tbb::parallel_for(int64_t{0}, tn, [&](int64_t tj) {
         const int64_t j0 = tj * kTile, nj = std::min(kTile, Nc - j0);
         const auto buf = scratch<float>(mi * nj);
-        if (bc)
-          product(false, false, mi, nj, K, Operand{at.get(), s, K},
-                  Operand{bc.get() + tj * K * kTile, s, nj}, false, buf.get(), nj);
-        else
-          bp[static_cast<size_t>(tj)]->multiply(mi, MatrixRef{at.get(), s, K}, buf.get(), nj);
+        bp[static_cast<size_t>(tj)]->multiply(mi, MatrixRef{at.get(), s, K}, buf.get(), nj);
         for (int64_t r = 0; r < mi; ++r) g.add((i0 + r) * Nc + j0, buf.get() + r * nj, nj);
       });
     });
