@@ -19,6 +19,11 @@
 
 #include <tbb/parallel_for.h>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define ZERO_MATMUL_X86 1
+#endif
+
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -271,6 +276,77 @@ int64_t column_block(const memory::desc& to) {
   return cols;
 }
 
+// The copies into packed layouts and transposes below move 32-bit pairs of 16-bit elements. With
+// AVX-512 (chosen at run time; the file is built for the baseline ISA) a pair of rows is
+// interleaved 16 elements per instruction and 16 x 16 pairs are transposed in registers; without
+// it, the scalar loops do the same copies. Either way each output element is one input element.
+#ifdef ZERO_MATMUL_X86
+bool have_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+}
+
+// dst (16 rows of 16 uint32, ds bytes apart) = the transpose of src (16 rows, ss bytes apart).
+__attribute__((target("avx512f"))) void transpose16x16_u32(const char* src, int64_t ss, char* dst,
+                                                             int64_t ds) {
+  // maskz forms with every lane set (see zip16_avx512).
+  const __mmask16 m16 = 0xffff;
+  const __mmask8 m8 = 0xff;
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * ss);
+  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: elements 0,1 (lo) and 2,3 (hi) of a row pair
+    t[2 * i] = _mm512_maskz_unpacklo_epi32(m16, r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_maskz_unpackhi_epi32(m16, r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // r[4i + c]: lane L holds column 4L + c of rows 4i .. 4i + 3
+    r[4 * i + 0] = _mm512_maskz_unpacklo_epi64(m8, t[4 * i + 0], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_maskz_unpackhi_epi64(m8, t[4 * i + 0], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_maskz_unpacklo_epi64(m8, t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_maskz_unpackhi_epi64(m8, t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // gather lane L of r[c], r[4 + c], r[8 + c], r[12 + c]
+    const __m512i a = _mm512_maskz_shuffle_i32x4(m16, r[c], r[4 + c], 0x88);
+    const __m512i b = _mm512_maskz_shuffle_i32x4(m16, r[8 + c], r[12 + c], 0x88);
+    const __m512i e = _mm512_maskz_shuffle_i32x4(m16, r[c], r[4 + c], 0xdd);
+    const __m512i f = _mm512_maskz_shuffle_i32x4(m16, r[8 + c], r[12 + c], 0xdd);
+    t[c] = _mm512_maskz_shuffle_i32x4(m16, a, b, 0x88);
+    t[8 + c] = _mm512_maskz_shuffle_i32x4(m16, a, b, 0xdd);
+    t[4 + c] = _mm512_maskz_shuffle_i32x4(m16, e, f, 0x88);
+    t[12 + c] = _mm512_maskz_shuffle_i32x4(m16, e, f, 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * ds, t[i]);
+}
+
+// o[n] = a[n] | b[n] << 16 for n < count (a multiple of 16).
+__attribute__((target("avx512f"))) void zip16_avx512(const uint16_t* a, const uint16_t* b,
+                                                       uint32_t* o, int64_t count) {
+  // The maskz forms with every lane set: the same instructions, and no "undefined" source operand
+  // for GCC 12 to warn about (-Wmaybe-uninitialized inside its intrinsics headers).
+  const __mmask16 all = 0xffff;
+  for (int64_t n = 0; n < count; n += 16) {
+    const __m512i x = _mm512_maskz_cvtepu16_epi32(
+        all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + n)));
+    const __m512i y = _mm512_maskz_cvtepu16_epi32(
+        all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + n)));
+    _mm512_storeu_si512(o + n, _mm512_or_si512(x, _mm512_maskz_slli_epi32(all, y, 16)));
+  }
+}
+#else
+bool have_avx512() { return false; }
+void transpose16x16_u32(const char*, int64_t, char*, int64_t) {}
+void zip16_avx512(const uint16_t*, const uint16_t*, uint32_t*, int64_t) {}
+#endif
+
+// o[n] = a[n] | b[n] << 16: two rows of 16-bit elements interleaved.
+void zip16(const uint16_t* a, const uint16_t* b, uint32_t* o, int64_t count) {
+  int64_t n = 0;
+  if (have_avx512()) {
+    n = count / 16 * 16;
+    zip16_avx512(a, b, o, n);
+  }
+  for (; n < count; ++n) o[n] = uint32_t{a[n]} | (uint32_t{b[n]} << 16);
+}
+
 // oneDNN's packed layout for 16-bit B on its AMX and AVX512-BF16 kernels, when `to` is one: K in
 // blocks of 2 * kb rows, N in blocks of nb columns, each block stored as kb pairs of rows, a pair
 // interleaved element by element (B[2i][n], B[2i+1][n], B[2i][n+1], ...: "VNNI" order), blocks at
@@ -316,10 +392,13 @@ void pack_vnni_block(const Vnni& v, const uint16_t* src, int64_t ld, bool trans,
       if (!trans) {
         for (int64_t p = 0; p < v.kb; ++p) {
           const uint16_t* r0 = src + (k0 + 2 * p) * ld + n0;
-          const uint16_t* r1 = r0 + ld;
-          uint32_t* o = out32 + p * v.nb;
-          for (int64_t n = 0; n < v.nb; ++n) o[n] = uint32_t{r0[n]} | (uint32_t{r1[n]} << 16);
+          zip16(r0, r0 + ld, out32 + p * v.nb, v.nb);
         }
+      } else if (have_avx512() && v.kb == 16 && v.nb % 16 == 0) {
+        // Rows n of the stored [N, K] matrix hold 16 pairs each here: 16 x 16 transposes.
+        for (int64_t q = 0; q < v.nb; q += 16)
+          transpose16x16_u32(reinterpret_cast<const char*>(src + (n0 + q) * ld + k0), ld * 2,
+                             reinterpret_cast<char*>(out32 + q), v.nb * 4);
       } else {
         for (int64_t n = 0; n < v.nb; ++n) {
           const uint16_t* row = src + (n0 + n) * ld + k0;
@@ -462,8 +541,13 @@ void transpose16(int64_t rows, int64_t cols, const uint16_t* src, int64_t ld, ui
       }
       for (int64_t p = 0; p < kR / 2; ++p) {
         const uint16_t* a = src + (r0 + 2 * p) * ld + c0;
-        const uint16_t* b = a + ld;
-        for (int64_t c = 0; c < kC; ++c) tile[p][c] = uint32_t{a[c]} | (uint32_t{b[c]} << 16);
+        zip16(a, a + ld, tile[p], kC);
+      }
+      if (have_avx512()) {
+        for (int64_t q = 0; q < kC; q += 16)
+          transpose16x16_u32(reinterpret_cast<const char*>(&tile[0][q]), kC * 4,
+                             reinterpret_cast<char*>(dst + (c0 + q) * rows + r0), rows * 2);
+        continue;
       }
       for (int64_t c = 0; c < kC; ++c) {
         uint32_t row[kR / 2];
