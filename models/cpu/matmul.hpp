@@ -48,10 +48,12 @@ void matmul(int64_t M, int64_t N, int64_t K, const MatrixRef& A, const MatrixRef
 // call's memory traffic). multiply() then runs one product on the calling thread, as matmul();
 // several threads may call it at once. Products of another row count (a last, shorter block) use
 // the packed B when oneDNN has a kernel for that layout, else B as given. B must stay alive and
-// unchanged while this object is used; the packed copy is owned here. The constructor packs on
-// oneTBB's threads (slices of whole column blocks; the copy is exact, so the bits do not depend
-// on how many run); it returns when the copy is complete. For fixed shapes, layouts
-// and type the results are bitwise the same on every call.
+// unchanged while this object is used; the packed copy is owned here (its buffer goes back to a
+// small process-wide free list for the next PackedWeight of that size). The constructor packs on
+// oneTBB's threads, whole column blocks per task, by matmul.cpp's own copy for oneDNN's VNNI
+// layouts and oneDNN's reorder for any other (exact either way, so the bits do not depend on how
+// many threads run); it returns when the copy is complete. For fixed shapes, layouts and type
+// the results are bitwise the same on every call.
 class PackedWeight {
  public:
   PackedWeight(int64_t rows, int64_t N, int64_t K, const MatrixRef& B, bool accumulate);
@@ -68,9 +70,10 @@ class PackedWeight {
 };
 
 // dst[cols, rows] (dense, row-major) = the transpose of the rows x cols matrix src of type t (ld
-// elements between its rows): an exact copy, by a cached oneDNN reorder on the calling thread
-// (as matmul: one thread, no scratch shared between calls). Used to hand the brgemm kernels the
-// dense, row-major operands they need (kernels16.cpp, add_at_b).
+// elements between its rows): an exact copy on the calling thread (16-bit types: matmul.cpp's
+// own blocked copy, AVX-512 where the CPU has it; others: a cached oneDNN reorder, one thread, no
+// scratch shared between calls). Used to hand the brgemm kernels the dense, row-major operands
+// they need (kernels16.cpp, add_at_b).
 void transpose(int64_t rows, int64_t cols, ScalarType t, const void* src, int64_t ld, void* dst);
 
 // Whether matmul computes with operands of type t on this CPU with an optimised kernel: f32
