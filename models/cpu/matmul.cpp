@@ -418,10 +418,10 @@ void pack_vnni_block(const Vnni& v, const uint16_t* src, int64_t ld, bool trans,
 }
 
 // to (packed, its padding included) = from (B as given, K x N), on oneTBB's threads: our own
-// copy for the VNNI layouts above (oneDNN 2.6's reorder into them runs at 1-4 GB/s here, measured:
-// a tenth of a GPT-2 step), else oneDNN's reorder, zeroed first, in slices of whole column blocks
-// (a slice of the packed layout is one contiguous run of it). Either is an exact copy, so the
-// bits do not depend on how many threads run.
+// copy for the VNNI layouts above (oneDNN 2.6's reorder into them ran at 1-4 GB/s on the AMX VM:
+// with the transposes, a sixth of a GPT-2 step), else oneDNN's reorder, zeroed first, in slices
+// of whole column blocks (a slice of the packed layout is one contiguous run of it). Either is an
+// exact copy, so the bits do not depend on how many threads run.
 void pack(const memory::desc& from_d, const memory::desc& to_d, const MatrixRef& B, void* dst,
           int64_t N) {
   const int64_t K = from_d.dims()[0];
@@ -526,8 +526,8 @@ namespace {
 // dst[cols, rows] = the transpose of the 16-bit rows x cols matrix src (ld): blocks of 32 rows x
 // 64 columns go through a 4 KiB tile of 32-bit pairs (two source rows interleaved, a vectorised
 // zip), whose 32-bit transpose gives each destination row's 32 elements in order; the edges go
-// element by element. About 3x oneDNN 2.6's reorder for the weight-gradient operands (measured
-// on AMX: 2 GB/s there).
+// element by element. oneDNN 2.6's reorder did these copies at about 2 GB/s (ONEDNN_VERBOSE, AMX
+// VM); together with the packing below that was a sixth of a GPT-2 step (per-op timing).
 void transpose16(int64_t rows, int64_t cols, const uint16_t* src, int64_t ld, uint16_t* dst) {
   constexpr int64_t kR = 32, kC = 64;
   alignas(64) uint32_t tile[kR / 2][kC];
@@ -563,7 +563,8 @@ void transpose16(int64_t rows, int64_t cols, const uint16_t* src, int64_t ld, ui
 void transpose(int64_t rows, int64_t cols, ScalarType t, const void* src, int64_t ld, void* dst) {
   if (rows == 0 || cols == 0) return;
   if (t == ScalarType::bf16 || t == ScalarType::f16)
-    return transpose16(rows, cols, static_cast<const uint16_t*>(src), ld, static_cast<uint16_t*>(dst));
+    return transpose16(rows, cols, static_cast<const uint16_t*>(src), ld,
+                       static_cast<uint16_t*>(dst));
   struct TKey {
     int64_t rows, cols, ld;
     ScalarType t;
