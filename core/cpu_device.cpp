@@ -24,7 +24,6 @@
 // docs/cpu-kernels.md, "Element-wise kernels and memory reuse".
 #include <malloc.h>
 #include <sys/mman.h>
-#include <tbb/parallel_for.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,6 +36,7 @@
 
 #include "core/device.hpp"
 #include "core/log.hpp"
+#include "core/parallel_chunks.hpp"
 
 namespace zero {
 
@@ -68,15 +68,6 @@ constexpr size_t kCacheMax = size_t{512} << 20;
 // run in chunks of this many bytes on oneTBB's threads; one thread does not reach the memory
 // bandwidth. The bytes written are the same however the chunks are spread.
 constexpr size_t kParallelChunk = size_t{1} << 20;
-
-template <class F>
-void byte_chunks(size_t bytes, F f) {
-  const size_t count = (bytes + kParallelChunk - 1) / kParallelChunk;
-  if (count <= 2) return f(size_t{0}, bytes);
-  tbb::parallel_for(size_t{0}, count, [&](size_t c) {
-    f(c * kParallelChunk, std::min(bytes, (c + 1) * kParallelChunk));
-  });
-}
 
 void tune_malloc_once() {
   static std::once_flag once;
@@ -110,7 +101,7 @@ class CpuDevice final : public Device {
   void copy_async(void* dst, const void* src, size_t bytes, Stream& stream) override {
     if (bytes == 0) return;
     stream.launch_host([dst, src, bytes] {
-      byte_chunks(bytes, [&](size_t b0, size_t b1) {
+      parallel_chunks(bytes, kParallelChunk, 2, [&](size_t b0, size_t b1) {
         std::memcpy(static_cast<unsigned char*>(dst) + b0,
                     static_cast<const unsigned char*>(src) + b0, b1 - b0);
       });
@@ -119,7 +110,7 @@ class CpuDevice final : public Device {
   void fill_async(void* dst, unsigned char value, size_t bytes, Stream& stream) override {
     if (bytes == 0) return;
     stream.launch_host([dst, value, bytes] {
-      byte_chunks(bytes, [&](size_t b0, size_t b1) {
+      parallel_chunks(bytes, kParallelChunk, 2, [&](size_t b0, size_t b1) {
         std::memset(static_cast<unsigned char*>(dst) + b0, value, b1 - b0);
       });
     });

@@ -50,7 +50,7 @@ void matmul(int64_t M, int64_t N, int64_t K, const MatrixRef& A, const MatrixRef
 // the packed B when oneDNN has a kernel for that layout, else B as given. B must stay alive and
 // unchanged while this object is used; the packed copy is owned here (its buffer goes back to a
 // small process-wide free list for the next PackedWeight of that size). The constructor packs on
-// oneTBB's threads, whole column blocks per task, by matmul.cpp's own copy for oneDNN's VNNI
+// oneTBB's threads, whole column blocks per task, by our own copy (pack16.hpp) for oneDNN's VNNI
 // layouts and oneDNN's reorder for any other (exact either way, so the bits do not depend on how
 // many threads run); it returns when the copy is complete. For fixed shapes, layouts and type
 // the results are bitwise the same on every call.
@@ -70,8 +70,8 @@ class PackedWeight {
 };
 
 // dst[cols, rows] (dense, row-major) = the transpose of the rows x cols matrix src of type t (ld
-// elements between its rows): an exact copy on the calling thread (16-bit types: matmul.cpp's
-// own blocked copy, AVX-512 where the CPU has it; others: a cached oneDNN reorder, one thread, no
+// elements between its rows): an exact copy on the calling thread (16-bit types: pack16.hpp's
+// blocked copy, AVX-512 where the CPU has it; others: a cached oneDNN reorder, one thread, no
 // scratch shared between calls). Used to hand the brgemm kernels the dense, row-major operands
 // they need (kernels16.cpp, add_at_b).
 void transpose(int64_t rows, int64_t cols, ScalarType t, const void* src, int64_t ld, void* dst);

@@ -1,11 +1,10 @@
 #include "runtime/engine/state_kernels.hpp"
 
-#include <tbb/parallel_for.h>
-
 #include <algorithm>
 
 #include "optim/clip.hpp"
 #include "core/error.hpp"
+#include "core/parallel_chunks.hpp"
 
 namespace zero {
 
@@ -19,15 +18,6 @@ constexpr size_t kChunk = size_t{1} << 16;
 // Elements widened at a time on the stack (16 KiB of fp32: stays in L1 with its sum).
 constexpr size_t kWiden = 4096;
 
-template <class F>
-void chunks(size_t n, F f) {
-  const size_t count = (n + kChunk - 1) / kChunk;
-  if (count <= 1) return f(size_t{0}, n);
-  tbb::parallel_for(size_t{0}, count, [&](size_t c) {
-    f(c * kChunk, std::min(n, (c + 1) * kChunk));
-  });
-}
-
 // Host code on the compute stream's worker thread. The lambdas capture raw pointers: the caller
 // keeps the buffers alive until the stream has passed the call (StateKernels' contract).
 class CpuStateKernels final : public StateKernels {
@@ -37,7 +27,7 @@ class CpuStateKernels final : public StateKernels {
   void accumulate(float* acc, const void* x, DType t, size_t n) override {
     if (n == 0) return;
     stream_.launch_host([acc, x, t, n] {
-      chunks(n, [&](size_t i0, size_t i1) {
+      parallel_chunks(n, kChunk, 1, [&](size_t i0, size_t i1) {
         if (t == DType::f32) {
           const float* xs = static_cast<const float*>(x);
           for (size_t i = i0; i < i1; ++i) acc[i] += xs[i];
@@ -58,7 +48,7 @@ class CpuStateKernels final : public StateKernels {
     if (n == 0) return;
     stream_.launch_host([=] {
       const size_t ss = size_of(src_type), ds = size_of(dst_type);
-      chunks(n, [&](size_t i0, size_t i1) {
+      parallel_chunks(n, kChunk, 1, [&](size_t i0, size_t i1) {
         zero::convert(static_cast<const unsigned char*>(src) + i0 * ss, src_type,
                       static_cast<unsigned char*>(dst) + i0 * ds, dst_type, i1 - i0);
       });

@@ -1,6 +1,7 @@
 // Tests of models/cpu/matmul.hpp: oneDNN products against an fp64 reference for every transpose,
 // leading dimensions wider than the rows, "=" and "+="; the same bits from repeated, concurrent
-// and differently-threaded calls; empty shapes; refused operands; PackedWeight and transpose().
+// and differently-threaded calls; empty shapes; refused operands; PackedWeight and transpose();
+// the 16-bit copies of pack16.hpp on both of their paths.
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 #include <omp.h>
@@ -16,6 +17,7 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "models/cpu/matmul.hpp"
+#include "models/cpu/pack16.hpp"
 
 using namespace zero;
 using zero::models::cpu::matmul;
@@ -57,6 +59,11 @@ struct Stored {
             ld, trans};
   }
   double at(int64_t i, int64_t j) const { return v[static_cast<size_t>(i * cols + j)]; }
+};
+
+// Puts pack16's copies back on their default path when a test leaves (also on failure).
+struct RestoreCopies {
+  ~RestoreCopies() { zero::models::cpu::pack16::use_vector_copies(true); }
 };
 
 }  // namespace
@@ -188,21 +195,64 @@ TEST_CASE("PackedWeight: products on the packed weight agree with fp64 and repea
 }
 
 TEST_CASE("transpose: 16-bit matrices of every edge shape are copied exactly") {
+  namespace pack16 = zero::models::cpu::pack16;
+  const RestoreCopies restore;
   // Whole 32 x 64 blocks, partial ones in each direction, odd sizes, a leading dimension wider
-  // than the columns, and one row / one column.
+  // than the columns, and one row / one column; on the AVX-512 path (where the CPU has it) and on
+  // the scalar loops.
   const std::pair<int64_t, int64_t> shapes[] = {{64, 128}, {70, 130}, {33, 65}, {1, 100}, {100, 1},
                                                 {31, 63}};
-  for (const auto& [rows, cols] : shapes) {
-    INFO(rows << " x " << cols);
-    const int64_t ld = cols + 5;
+  for (const bool vector : {true, false}) {
+    pack16::use_vector_copies(vector);
+    INFO((pack16::vector_copies() ? "AVX-512 path" : "scalar path"));
+    for (const auto& [rows, cols] : shapes) {
+      INFO(rows << " x " << cols);
+      const int64_t ld = cols + 5;
+      std::vector<uint16_t> src(static_cast<size_t>(rows * ld));
+      for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint16_t>(i * 2654435761u >> 7);
+      std::vector<uint16_t> dst(static_cast<size_t>(rows * cols), 0xdead);
+      zero::models::cpu::transpose(rows, cols, ScalarType::bf16, src.data(), ld, dst.data());
+      bool same = true;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          same = same && dst[size_t(c * rows + r)] == src[size_t(r * ld + c)];
+      CHECK(same);
+    }
+  }
+}
+
+TEST_CASE("pack16: VNNI blocks hold each element where the layout says, on both paths") {
+  namespace pack16 = zero::models::cpu::pack16;
+  const RestoreCopies restore;
+  // oneDNN's AMX layout on the development machine (16 pairs of rows x 64 columns per block), K
+  // and N not multiples of a block (padding must be zero), B stored plain and transposed with a
+  // wider leading dimension. Blocks laid N-block-major, as oneDNN's weights descriptor puts them.
+  const int64_t K = 301, N = 200, kb = 16, nb = 64;
+  const int64_t Kp = (K + 2 * kb - 1) / (2 * kb) * (2 * kb), Np = (N + nb - 1) / nb * nb;
+  const pack16::VnniLayout v{kb, nb, 2 * kb * nb, Kp * nb, Kp, Np};
+  for (const bool trans : {false, true}) {
+    INFO((trans ? "B stored transposed" : "B stored plain"));
+    const int64_t rows = trans ? N : K, cols = trans ? K : N, ld = cols + 7;
     std::vector<uint16_t> src(static_cast<size_t>(rows * ld));
-    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint16_t>(i * 2654435761u >> 7);
-    std::vector<uint16_t> dst(static_cast<size_t>(rows * cols), 0xdead);
-    zero::models::cpu::transpose(rows, cols, ScalarType::bf16, src.data(), ld, dst.data());
-    bool same = true;
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c)
-        same = same && dst[size_t(c * rows + r)] == src[size_t(r * ld + c)];
-    CHECK(same);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint16_t>(i * 40503u + 17);
+    std::vector<uint16_t> packed[2];
+    for (const int path : {0, 1}) {
+      pack16::use_vector_copies(path == 0);
+      packed[path].assign(static_cast<size_t>(Kp * Np), 0xdead);
+      for (int64_t j = 0; j < Np / nb; ++j)
+        pack16::pack_vnni_block(v, src.data(), ld, trans, K, N, j, packed[path].data());
+    }
+    // Each element at its place: block (k / 2kb, n / nb), pair row (k % 2kb) / 2, column n % nb,
+    // half k % 2; zeros outside K x N.
+    bool placed = true;
+    for (int64_t k = 0; k < Kp; ++k)
+      for (int64_t n = 0; n < Np; ++n) {
+        const int64_t at = (k / (2 * kb)) * v.sk + (n / nb) * v.sn +
+                           (((k % (2 * kb)) / 2) * nb + n % nb) * 2 + k % 2;
+        const uint16_t want = k < K && n < N ? src[size_t(trans ? n * ld + k : k * ld + n)] : 0;
+        placed = placed && packed[1][size_t(at)] == want;
+      }
+    CHECK(placed);  // the scalar loops
+    CHECK(packed[0] == packed[1]);  // the AVX-512 path (where the CPU has it): the same bytes
   }
 }
