@@ -12,7 +12,11 @@
 //      and bias cost against one library call. The goal (0.8) is ours: the issue sets none for
 //      kernels alone.
 //
-//   build/bench/cpu_gemm [--quick]
+//   3. --reference-only: part 1's oneDNN bf16 rows on all threads and nothing else (a few
+//      seconds): the rate bench/cpu_speed.py samples right before each training run, so that a
+//      run's model FLOP/s is set against the machine's speed of that minute.
+//
+//   build/bench/cpu_gemm [--quick] [--reference-only]
 #include <cblas.h>
 #include <omp.h>
 #include <tbb/info.h>
@@ -20,6 +24,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -36,8 +41,9 @@ using namespace zero::bench;
 namespace kern = zero::models::cpu;
 
 const char* const kUsage =
-    "usage: cpu_gemm [--quick]\n"
-    "  bf16/fp32 matrix products of the cpu backend (oneDNN, OpenBLAS, our kernels); JSON out.\n";
+    "usage: cpu_gemm [--quick] [--reference-only]\n"
+    "  bf16/fp32 matrix products of the cpu backend (oneDNN, OpenBLAS, our kernels); JSON out.\n"
+    "  --reference-only: only oneDNN's bf16 products on all threads (the MFU reference).\n";
 
 struct GemmShape {
   const char* what;
@@ -88,7 +94,16 @@ std::vector<zero::bfloat16> to_bf16(const std::vector<float>& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options opt = parse_options(argc, argv, kUsage);
+  // --reference-only is this benchmark's own flag; the rest go to the common parser.
+  bool reference_only = false;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0 && !std::strcmp(argv[i], "--reference-only"))
+      reference_only = true;
+    else
+      args.push_back(argv[i]);
+  }
+  const Options opt = parse_options(static_cast<int>(args.size()), args.data(), kUsage);
   const int threads = tbb::info::default_concurrency();
   const int64_t rows = opt.quick ? 1024 : 2048;  // B*T: 4 (quick) or 8 sequences of 256 tokens
   const int reps = opt.quick ? 5 : 9;
@@ -108,6 +123,25 @@ int main(int argc, char** argv) {
                               " K=" + std::to_string(s.K) + " OC=" + std::to_string(s.N);
     const nlohmann::json params = {{"rows", rows}, {"k", s.K}, {"oc", s.N}, {"head", s.head}};
     std::fprintf(stderr, "cpu_gemm: %s\n", shape.c_str());
+
+    if (reference_only) {
+      DnnlProduct d16(rows, s, dnnl::memory::data_type::bf16,
+                      const_cast<zero::bfloat16*>(x16.data()),
+                      const_cast<zero::bfloat16*>(w16.data()), y.data(), threads);
+      // More repetitions than part 1: one product is a few milliseconds, and this sample sets a
+      // whole training run's MFU.
+      const Stats st = rate(flops, time_it(3, 40, [&] { d16.run(threads); }));
+      Result r;
+      r.name = "oneDNN bf16, " + shape + ", " + std::to_string(threads) + " thread(s)";
+      r.params = params;
+      r.params["library"] = "oneDNN bf16";
+      r.params["threads"] = threads;
+      r.metric = "throughput";
+      r.unit = "FLOP/s";
+      r.value = st;
+      report.add(std::move(r));
+      continue;
+    }
 
     // 1. The libraries, whole product, 1 thread and all threads, interleaved per thread count.
     Stats raw_bf16_all{}, raw_f32_all{};
