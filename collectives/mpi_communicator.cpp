@@ -6,7 +6,8 @@
 //   reduce_scatter  pairwise exchange in segments: rank r sends its piece of rank p's chunk to
 //                   p and receives every rank's piece of chunk r (native dtype on the wire),
 //                   then host_reduce adds the N pieces in rank order in fp32 and rounds once.
-//                   Segment k+1's messages are posted before segment k is reduced.
+//                   Segment k+1's messages are posted before segment k is reduced. A segment is
+//                   waited for by polling (wait_all), not MPI_Waitall, which spins.
 //   all_reduce      the same reduce-scatter over N near-equal parts, then MPI_Allgatherv in
 //                   place: bitwise the values reduce_scatter gives.
 //   all_gather      MPI_Allgather; broadcast MPI_Bcast; barrier MPI_Barrier.
@@ -65,6 +66,12 @@ int checked_count(size_t count, const char* what) {
 // adds its ~50 us timer slack) while costing an idle channel well under 1% of a core.
 constexpr int kPollSpins = 64;
 constexpr auto kPollSleep = std::chrono::microseconds(20);
+// The collectives' segment exchange polls the same way but spins by time: a segment whose peer
+// is ready completes within a few hundred microseconds of progress calls (shared-memory
+// transfers move only while both sides poll), so the first kExchangeSpin are MPI_Testall calls
+// separated by a yield; a peer still computing (milliseconds) is then waited for in kPollSleep
+// naps, which leaves the core to this rank's compute thread (MPI_Waitall spun on it).
+constexpr auto kExchangeSpin = std::chrono::milliseconds(1);
 
 // The part of a buffer each rank reduces: [offset, offset + len) in elements.
 struct Part {
@@ -288,6 +295,21 @@ class MpiCommunicator final : public Communicator {
     return submit(after, [=] { std::memmove(dst, src, bytes); });
   }
 
+  // MPI_Waitall without its spinning (see kExchangeSpin). Runs on the worker thread.
+  static void wait_all(std::vector<MPI_Request>& reqs) {
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      int done = 0;
+      ZERO_CHECK_MPI(
+          MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE));
+      if (done) return;
+      if (std::chrono::steady_clock::now() - start < kExchangeSpin)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(kPollSleep);
+    }
+  }
+
   // Rank r receives every rank's piece of part r and writes their reduction to `out`; it sends
   // its own piece of part p to rank p. Runs on the worker thread.
   void exchange_and_reduce(const void* send, void* out, const std::vector<Part>& parts, DType dt,
@@ -339,7 +361,7 @@ class MpiCommunicator final : public Communicator {
     std::vector<const void*> inputs(static_cast<size_t>(n));
     for (size_t s = 0; s < nseg; ++s) {
       auto& reqs = pending[s % 2];
-      ZERO_CHECK_MPI(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+      wait_all(reqs);
       if (s + 1 < nseg) post(s + 1);
       const size_t len = seg_len(mine, s);
       if (len == 0) continue;
