@@ -563,9 +563,8 @@ def main(argv):
         if a.peers_venv:
             cases += peer_cases(model, a.quick)
 
-    # The GEMM rate is sampled right before every zero-train run and each case's MFU is set
-    # against its own runs' samples: on a VM whose speed drifts by 2x within minutes, one sample
-    # (or one per round) would set a case's MFU by a moment far from its runs.
+    # The GEMM rate is sampled right before every zero-train run; build_document sets every
+    # case's MFU against the median of all samples (its comment says why).
     note = None
     for run in range(a.runs):
         for i, case in enumerate(cases):
