@@ -18,6 +18,10 @@
 //     backward (C 512, 8 heads, B 4, T 256, bf16 parameters) with bf16 against fp32
 //     activations, interleaved repetition by repetition.
 //
+//   - On CPUs with AMX: the bf16 blocked pair on our tile products (models/cpu/amx.hpp) against
+//     the same kernels with their products through oneDNN (amx::use_tiles(false)), interleaved,
+//     at the shapes above, with the products' flops (the blocks the kernels multiply) per second.
+//
 //   OPENBLAS_NUM_THREADS=1 mpirun -np 1 --bind-to none build/bench/cpu_attention [--quick]
 // (--bind-to none: Open MPI binds a lone rank to one core, which would leave oneTBB one thread.)
 #include <mpi.h>
@@ -32,6 +36,7 @@
 #include "bench/common/report.hpp"
 #include "collectives/communicator.hpp"
 #include "core/world.hpp"
+#include "models/cpu/amx.hpp"
 #include "models/cpu/kernels.hpp"
 #include "models/cpu/kernels16.hpp"
 #include "models/cpu/matmul.hpp"
@@ -277,6 +282,62 @@ int main(int argc, char** argv) {
       r.value = stats_of(a);
       r.reference_name = "the fp32 blocked pair, same run";
       r.reference_median = stats_of(b).median;
+      report.add(std::move(r));
+    }
+    for (const Shape3& s : shapes) {
+      if (!kern::amx::available()) break;
+      const int64_t B = s.B, T = s.T, hs = C / NH;
+      std::fprintf(stderr, "cpu_attention: bf16 kernels on AMX tiles vs oneDNN at B %lld T %lld...\n",
+                   static_cast<long long>(B), static_cast<long long>(T));
+      std::vector<float> qkv(size_t(B * T * 3 * C)), dout(size_t(B * T * C)), lse(size_t(B * NH * T));
+      for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = float(int64_t(i * 7919) % 2001) / 1000.0f - 1.0f;
+      for (size_t i = 0; i < dout.size(); ++i) dout[i] = float(int64_t(i * 104729) % 2001) / 1000.0f - 1.0f;
+      const auto bf = ScalarType::bf16;
+      std::vector<uint16_t> qkv16(qkv.size()), dout16(dout.size()), out16(dout.size()), dqkv16(qkv.size());
+      convert(qkv.data(), DType::f32, qkv16.data(), DType::bf16, qkv.size());
+      convert(dout.data(), DType::f32, dout16.data(), DType::bf16, dout.size());
+      // The products' flops: the forward multiplies Q K^T and P V on every (query block, key
+      // block at or before its end), the backward five products on every (key block, query
+      // block at or after its start); blocks of 64 queries by 128 keys (attention16.cpp).
+      double flops = 0;
+      for (int64_t r0 = 0; r0 < T; r0 += 64) {
+        const int64_t r1 = std::min(T, r0 + 64);
+        for (int64_t j0 = 0; j0 < r1; j0 += 128) flops += 2 * 2.0 * (r1 - r0) * (std::min(j0 + 128, r1) - j0) * hs;
+      }
+      for (int64_t j0 = 0; j0 < T; j0 += 128)
+        for (int64_t i0 = j0; i0 < T; i0 += 64)
+          flops += 5 * 2.0 * (std::min(i0 + 64, T) - i0) * (std::min(j0 + 128, T) - j0) * hs;
+      flops *= double(B * NH);
+      const auto run = [&](bool tiles) {
+        kern::amx::use_tiles(tiles);
+        const double t = now_seconds();
+        kern::k16::attention_forward_lse(bf, out16.data(), lse.data(), qkv16.data(), B, T, C, NH);
+        kern::k16::attention_backward_lse(bf, dqkv16.data(), dout16.data(), qkv16.data(),
+                                          out16.data(), lse.data(), B, T, C, NH);
+        const double dt = now_seconds() - t;
+        kern::amx::use_tiles(true);
+        return dt;
+      };
+      run(true);
+      run(false);
+      std::vector<double> a, b;
+      for (int i = 0; i < std::max(reps, 5); ++i) {
+        a.push_back(run(true));
+        b.push_back(run(false));
+      }
+      const Stats mine = stats_of(a), theirs = stats_of(b);
+      Result r;
+      r.name = "blocked attention forward + backward, bf16, B " + std::to_string(B) + " T " +
+               std::to_string(T) + " C 512, 8 heads: AMX tile products vs oneDNN products";
+      r.params = {{"B", B}, {"T", T}, {"C", C}, {"n_head", NH}, {"product_gflop", flops / 1e9},
+                  {"product_gflops_tiles", flops / 1e9 / mine.median},
+                  {"product_gflops_onednn", flops / 1e9 / theirs.median},
+                  {"onednn", kern::matmul_description(ScalarType::bf16)}};
+      r.metric = "time";
+      r.unit = "s";
+      r.value = mine;
+      r.reference_name = "the same kernels with oneDNN's products (amx::use_tiles(false)), same run";
+      r.reference_median = theirs.median;
       report.add(std::move(r));
     }
     {

@@ -167,6 +167,31 @@ void transpose(int64_t rows, int64_t cols, const uint16_t* src, int64_t ld, uint
   }
 }
 
+void transpose32(int64_t rows, int64_t cols, const void* src, int64_t ld, void* dst, int64_t ldd) {
+  const char* s = static_cast<const char*>(src);
+  char* d = static_cast<char*>(dst);
+  const bool vec = have_avx512();
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      if (vec && r0 + 16 <= rows && c0 + 16 <= cols) {
+        transpose16x16_u32(s + (r0 * ld + c0) * 4, ld * 4, d + (c0 * ldd + r0) * 4, ldd * 4);
+        continue;
+      }
+      const int64_t r1 = std::min(rows, r0 + 16), c1 = std::min(cols, c0 + 16);
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) std::memcpy(d + (c * ldd + r) * 4, s + (r * ld + c) * 4, 4);
+    }
+  }
+}
+
+void zip_rows(int64_t rows, int64_t cols, const uint16_t* src, int64_t ld, uint32_t* dst,
+              int64_t ldd) {
+  for (int64_t p = 0; p < rows / 2; ++p) {
+    const uint16_t* a = src + 2 * p * ld;
+    zip16(a, a + ld, dst + p * ldd, cols);
+  }
+}
+
 bool vector_copies() noexcept { return have_avx512(); }
 
 void use_vector_copies(bool on) noexcept {

@@ -1,5 +1,6 @@
-// Copies of 16-bit (bf16 / fp16) matrices for the cpu matrix products (matmul.cpp): a right
-// operand into oneDNN's packed "VNNI" layout, and dense transposes. Internal to models/cpu/.
+// Copies of 16-bit (bf16 / fp16) matrices for the cpu matrix products (matmul.cpp, and the AMX
+// attention in attention16.cpp): a right operand into oneDNN's packed "VNNI" layout, pairs of
+// rows interleaved, and transposes (of 16-bit or 32-bit elements). Internal to models/cpu/.
 //
 // Contract:
 //   - Exact copies: every output element is one input element (or a zero of the padding), so a
@@ -35,6 +36,16 @@ void pack_vnni_block(const VnniLayout& v, const uint16_t* src, int64_t ld, bool 
 // dst[cols, rows] (dense, row-major) = the transpose of src[rows, cols] (ld elements between its
 // rows). dst must not overlap src.
 void transpose(int64_t rows, int64_t cols, const uint16_t* src, int64_t ld, uint16_t* dst);
+
+// dst[c * ldd + r] = src[r * ld + c] for 32-bit elements (fp32 values, or pairs of 16-bit ones:
+// the transpose of a 16-bit matrix's pairs of columns), r < rows, c < cols; ld and ldd count
+// 32-bit elements, the pointers need only 2-byte alignment. dst must not overlap src.
+void transpose32(int64_t rows, int64_t cols, const void* src, int64_t ld, void* dst, int64_t ldd);
+
+// Pairs of 16-bit rows interleaved: dst[p * ldd + c] = src[2p * ld + c] | src[(2p + 1) * ld + c]
+// << 16 for p < rows / 2 (rows even), c < cols.
+void zip_rows(int64_t rows, int64_t cols, const uint16_t* src, int64_t ld, uint32_t* dst,
+              int64_t ldd);
 
 // Whether the AVX-512 path is in use: at start, whether the CPU has AVX-512F.
 bool vector_copies() noexcept;

@@ -12,6 +12,9 @@
 //     orders, each within K 2^-24 of the exact one). fp32 outputs (weight gradients) lack the u.
 //   - Attention: P and dS are rounded to S for their products (one more u on every term), so the
 //     bounds are stated against the fp32 kernel with the error measured (see each CHECK).
+//   - Attention on bf16 with AMX takes its tile path (amx.hpp) for T and the head size in
+//     multiples of 32, else the oneDNN one; both are held to the same bounds, and the tile
+//     products themselves against an fp64 reference.
 //   - Determinism: bitwise the same on 1 and 2 oneTBB threads and on every vector path.
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
@@ -30,6 +33,7 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/tensor.hpp"
+#include "models/cpu/amx.hpp"
 #include "models/cpu/elementwise.hpp"
 #include "models/cpu/kernels.hpp"
 #include "models/cpu/kernels16.hpp"
@@ -332,9 +336,17 @@ struct Attn {
 struct AttnCase {
   int64_t B, T, C, NH;
 };
-// Lengths crossing the blocks (64 queries by 128 keys), head sizes 32 and 64.
-const AttnCase kAttnCases[] = {{2, 1, 64, 2}, {2, 37, 64, 2}, {1, 129, 128, 2}, {2, 300, 64, 2},
-                               {1, 200, 192, 3}};
+// Lengths crossing the blocks (64 queries by 128 keys), head sizes 32 and 64; the last three in
+// whole tiles (T and hs multiples of 32: the AMX path where there is one), with a short last
+// query block (96, 160) and a short last key block (96, 160, 192).
+const AttnCase kAttnCases[] = {{2, 1, 64, 2},   {2, 37, 64, 2},   {1, 129, 128, 2},
+                               {2, 300, 64, 2}, {1, 200, 192, 3}, {2, 96, 64, 2},
+                               {1, 160, 128, 2}, {1, 192, 192, 3}};
+
+// Restores the AMX path when a test switched it off.
+struct RestoreTiles {
+  ~RestoreTiles() { kern::amx::use_tiles(true); }
+};
 
 Attn attention32(const AttnCase& k, const Floats& qkv, const Floats& dout) {
   Attn a{Floats(k.B * k.T * k.C), Floats(k.B * k.NH * k.T), Floats(qkv.size())};
@@ -359,29 +371,36 @@ Attn attention16(ScalarType s, const AttnCase& k, const Floats& qkv, const Float
 }  // namespace
 
 TEST_CASE("16-bit blocked attention agrees with the fp32 kernel within its roundings") {
-  for (const ScalarType s : kTypes) {
-    const double u = unit_roundoff(s);
-    for (const AttnCase& k : kAttnCases) {
-      INFO(to_string(s) << " B " << k.B << " T " << k.T << " C " << k.C << " NH " << k.NH);
-      // q, k in [-2, 2): scores up to ~hs/3 / sqrt(hs), so softmaxes that are far from uniform.
-      const Floats qkv = random_values(k.B * k.T * 3 * k.C, 31 + k.T, s, -2, 2);
-      const Floats dout = random_values(k.B * k.T * k.C, 32 + k.T, s);
-      const Attn a = attention32(k, qkv, dout), h = attention16(s, k, qkv, dout);
-      const double e_out = rel_to_max(h.out, a.out), e_d = rel_to_max(h.dqkv, a.dqkv);
-      double e_lse = 0;
-      for (size_t i = 0; i < a.lse.size(); ++i)
-        e_lse = std::max(e_lse, std::abs(double(h.lse[i]) - double(a.lse[i])) / (1 + std::abs(double(a.lse[i]))));
-      INFO("out " << e_out << " lse " << e_lse << " dqkv " << e_d << " (relative to the largest entry)");
-      // lse: scores of exact products summed in fp32 in another order: fp32 noise only.
-      CHECK(e_lse <= 1e-5);
-      // out = sum_j P_j v_j / l: P rounded (u per term; sum_j P_j = 1, so at most u max|v|) and
-      // out rounded once (u |out|): within 2u of max |v|, about max |out| here. Measured: 0.63u
-      // (bf16), 0.5u (fp16, whose P stays fp32 where oneDNN has no fp16 kernel). Bound 2u.
-      CHECK(e_out <= 2 * u);
-      // dqkv: dV sums P dO (one rounded operand), dQ and dK sum dS k and dS q where dS = P (dP - D)
-      // is itself rounded after a cancellation, and each is rounded once on store; measured 0.77u
-      // (bf16) and 0.77u (fp16) of the tensor's largest entry. Bound 4u.
-      CHECK(e_d <= 4 * u);
+  RestoreTiles restore;
+  const bool amx = kern::amx::available();
+  for (const bool tiles : {true, false}) {
+    if (tiles && !amx) continue;  // no AMX here: the oneDNN path alone
+    kern::amx::use_tiles(tiles);
+    for (const ScalarType s : kTypes) {
+      const double u = unit_roundoff(s);
+      for (const AttnCase& k : kAttnCases) {
+        INFO(to_string(s) << " B " << k.B << " T " << k.T << " C " << k.C << " NH " << k.NH
+                          << (tiles ? " (AMX tiles where they apply)" : " (oneDNN products)"));
+        // q, k in [-2, 2): scores up to ~hs/3 / sqrt(hs), so softmaxes that are far from uniform.
+        const Floats qkv = random_values(k.B * k.T * 3 * k.C, 31 + k.T, s, -2, 2);
+        const Floats dout = random_values(k.B * k.T * k.C, 32 + k.T, s);
+        const Attn a = attention32(k, qkv, dout), h = attention16(s, k, qkv, dout);
+        const double e_out = rel_to_max(h.out, a.out), e_d = rel_to_max(h.dqkv, a.dqkv);
+        double e_lse = 0;
+        for (size_t i = 0; i < a.lse.size(); ++i)
+          e_lse = std::max(e_lse, std::abs(double(h.lse[i]) - double(a.lse[i])) / (1 + std::abs(double(a.lse[i]))));
+        INFO("out " << e_out << " lse " << e_lse << " dqkv " << e_d << " (relative to the largest entry)");
+        // lse: scores of exact products summed in fp32 in another order: fp32 noise only.
+        CHECK(e_lse <= 1e-5);
+        // out = sum_j P_j v_j / l: P rounded (u per term; sum_j P_j = 1, so at most u max|v|) and
+        // out rounded once (u |out|): within 2u of max |v|, about max |out| here. Measured: 0.63u
+        // (bf16), 0.5u (fp16, whose P stays fp32 where oneDNN has no fp16 kernel). Bound 2u.
+        CHECK(e_out <= 2 * u);
+        // dqkv: dV sums P dO (one rounded operand), dQ and dK sum dS k and dS q where dS = P (dP - D)
+        // is itself rounded after a cancellation, and each is rounded once on store; measured 0.77u
+        // (bf16) and 0.77u (fp16) of the tensor's largest entry. Bound 4u.
+        CHECK(e_d <= 4 * u);
+      }
     }
   }
 }
@@ -434,11 +453,14 @@ std::vector<uint32_t> run_all16(ScalarType s) {
     k16::linear_backward_weight(s, wdw.data(), wdb.data(), true, wdy.data(), wx.data(), N, C, OC);
     keep16(wy), keep16(wdx), keep32(wdw), keep32(wdb);
   }
-  const AttnCase k{2, 300, 64, 2};
-  const Floats qkv = random_values(k.B * k.T * 3 * k.C, 46, s, -2, 2);
-  const Floats dout = random_values(k.B * k.T * k.C, 47, s);
-  const Attn a = attention16(s, k, qkv, dout);
-  keep32(a.out), keep32(a.lse), keep32(a.dqkv);
+  // Attention off and (on bf16 with AMX) on the tile path, whose forward splits its tasks by
+  // (batch, head) on 1 thread and by query block on 2 here.
+  for (const AttnCase& k : {AttnCase{2, 300, 64, 2}, AttnCase{1, 256, 128, 2}}) {
+    const Floats qkv = random_values(k.B * k.T * 3 * k.C, 46, s, -2, 2);
+    const Floats dout = random_values(k.B * k.T * k.C, 47, s);
+    const Attn a = attention16(s, k, qkv, dout);
+    keep32(a.out), keep32(a.lse), keep32(a.dqkv);
+  }
   return bits;
 }
 

@@ -1,7 +1,8 @@
 // Tests of models/cpu/matmul.hpp: oneDNN products against an fp64 reference for every transpose,
 // leading dimensions wider than the rows, "=" and "+="; the same bits from repeated, concurrent
 // and differently-threaded calls; empty shapes; refused operands; PackedWeight and transpose();
-// the 16-bit copies of pack16.hpp on both of their paths.
+// the 16-bit copies of pack16.hpp on both of their paths; the AMX tile products and bf16
+// roundings of amx.hpp (skipped on CPUs without AMX).
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 #include <omp.h>
@@ -16,6 +17,7 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "models/cpu/amx.hpp"
 #include "models/cpu/matmul.hpp"
 #include "models/cpu/pack16.hpp"
 
@@ -255,4 +257,137 @@ TEST_CASE("pack16: VNNI blocks hold each element where the layout says, on both 
     CHECK(placed);  // the scalar loops
     CHECK(packed[0] == packed[1]);  // the AVX-512 path (where the CPU has it): the same bytes
   }
+}
+
+TEST_CASE("pack16: 32-bit transposes and interleaved row pairs, on both paths") {
+  namespace pack16 = zero::models::cpu::pack16;
+  const RestoreCopies restore;
+  // Whole 16 x 16 blocks and partial ones; leading dimensions wider than the rows, and 16-bit
+  // sources read as 32-bit pairs at an offset of one pair (4-byte, not 64-byte, alignment).
+  const std::pair<int64_t, int64_t> shapes[] = {{64, 32}, {37, 21}, {16, 1}, {1, 16}, {130, 48}};
+  for (const auto& [rows, cols] : shapes) {
+    INFO(rows << " x " << cols);
+    const int64_t ld = cols + 3, ldd = rows + 5, ldz = 2 * cols + 1;
+    std::vector<uint32_t> src(static_cast<size_t>(rows * ld + 1));
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint32_t>(i * 2654435761u);
+    std::vector<uint32_t> t[2];
+    std::vector<uint32_t> z[2];
+    // The same numbers as 16-bit rows: 2 * rows x (2 * ld) elements, zipped in pairs.
+    std::vector<uint16_t> h(src.size() * 2);
+    std::memcpy(h.data(), src.data(), src.size() * 4);
+    for (const int path : {0, 1}) {
+      pack16::use_vector_copies(path == 0);
+      t[path].assign(static_cast<size_t>(cols * ldd), 0xdeadbeef);
+      pack16::transpose32(rows, cols, src.data() + 1, ld, t[path].data(), ldd);
+      z[path].assign(static_cast<size_t>(rows / 2 * ldz), 0xdeadbeef);
+      pack16::zip_rows(2 * (rows / 2), 2 * cols, h.data() + 2, 2 * ld, z[path].data(), ldz);
+    }
+    bool transposed = true, zipped = true, untouched = true;
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = 0; r < ldd; ++r) {
+        const uint32_t got = t[1][size_t(c * ldd + r)];
+        if (r < rows) transposed = transposed && got == src[size_t(1 + r * ld + c)];
+        else untouched = untouched && got == 0xdeadbeef;
+      }
+    for (int64_t p = 0; p < rows / 2; ++p)
+      for (int64_t c = 0; c < 2 * cols; ++c) {
+        const uint32_t want = uint32_t{h[size_t(2 + 2 * p * 2 * ld + c)]} |
+                              uint32_t{h[size_t(2 + (2 * p + 1) * 2 * ld + c)]} << 16;
+        zipped = zipped && z[1][size_t(p * ldz + c)] == want;
+      }
+    CHECK(transposed);  // the scalar loops
+    CHECK(zipped);
+    CHECK(untouched);
+    CHECK(t[0] == t[1]);  // the AVX-512 path (where the CPU has it): the same bytes
+    CHECK(z[0] == z[1]);
+  }
+}
+
+TEST_CASE("amx: bf16 rounding into rows and pairs is to_bfloat16's, NaN and ties included") {
+  namespace amx = zero::models::cpu::amx;
+  if (!amx::available()) SKIP("this CPU (or kernel) offers no AMX tiles");
+  // Ties both ways, the largest finite values (which round to inf), subnormals, signed zeros,
+  // infinities and NaNs with payloads, then random bits: 4 rows x 37 columns (a vector tail).
+  const int64_t rows = 4, cols = 37, ld = 40;
+  const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0xff7f8000u, 0x00000001u,
+                              0x80008000u, 0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u,
+                              0x7f800001u, 0xffc00001u, 0x7fffffffu, 0x3f7fffffu, 0x007fffffu};
+  std::vector<float> x(static_cast<size_t>(rows * ld));
+  std::mt19937_64 gen(7);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const uint32_t u = i < std::size(special) ? special[i] : static_cast<uint32_t>(gen());
+    std::memcpy(&x[i], &u, 4);
+  }
+  std::vector<uint16_t> r(static_cast<size_t>(rows * cols));
+  std::vector<uint32_t> p(static_cast<size_t>(rows / 2 * cols));
+  amx::round_rows(x.data(), ld, rows, cols, r.data(), cols);
+  amx::round_pairs(x.data(), ld, rows, cols, p.data(), cols);
+  bool rows_ok = true, pairs_ok = true;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint16_t want = to_bfloat16(x[size_t(i * ld + c)]).bits;
+      rows_ok = rows_ok && r[size_t(i * cols + c)] == want;
+      const uint32_t word = p[size_t(i / 2 * cols + c)];
+      pairs_ok = pairs_ok && static_cast<uint16_t>(i % 2 ? word >> 16 : word) == want;
+    }
+  CHECK(rows_ok);
+  CHECK(pairs_ok);
+}
+
+TEST_CASE("amx: tile products match an fp64 reference, = and +=, every block edge") {
+  namespace amx = zero::models::cpu::amx;
+  if (!amx::available()) SKIP("this CPU (or kernel) offers no AMX tiles");
+  // M, N: one 16-row tile, one 2 x 2 block, a block plus a single tile; K: one to four steps.
+  // Leading dimensions wider than the operands (their padding holds NaN: reading it would show).
+  const int64_t Ms[] = {16, 32, 48, 128}, Ns[] = {16, 48, 64}, Ks[] = {32, 64, 128};
+  std::mt19937_64 gen(11);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  const uint16_t nan16 = 0x7fc1;
+  for (const int64_t M : Ms)
+    for (const int64_t N : Ns)
+      for (const int64_t K : Ks)
+        for (const bool acc : {false, true}) {
+          INFO("M " << M << " N " << N << " K " << K << (acc ? " +=" : " ="));
+          const int64_t lda = K + 8, ldb = N + 4, ldc = N + 3;
+          std::vector<uint16_t> A(static_cast<size_t>(M * lda), nan16);
+          std::vector<uint32_t> Bp(static_cast<size_t>(K / 2 * ldb), uint32_t{nan16} * 0x10001u);
+          std::vector<float> C(static_cast<size_t>(M * ldc), 1e30f);
+          std::vector<double> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(K * N));
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t k = 0; k < K; ++k) {
+              const bfloat16 v = to_bfloat16(dist(gen));
+              A[size_t(i * lda + k)] = v.bits;
+              a[size_t(i * K + k)] = to_float(v);
+            }
+          for (int64_t k = 0; k < K; ++k)
+            for (int64_t n = 0; n < N; ++n) {
+              const bfloat16 v = to_bfloat16(dist(gen));
+              uint32_t& w = Bp[size_t(k / 2 * ldb + n)];
+              w = k % 2 ? (w & 0xffffu) | uint32_t{v.bits} << 16 : (w & 0xffff0000u) | v.bits;
+              b[size_t(k * N + n)] = to_float(v);
+            }
+          std::vector<float> C0(C);
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t n = 0; n < N; ++n) C0[size_t(i * ldc + n)] = C[size_t(i * ldc + n)] = dist(gen);
+          amx::product(M, N, K, A.data(), lda, Bp.data(), ldb, C.data(), ldc, acc);
+          double worst = 0;
+          bool pad_kept = true;
+          for (int64_t i = 0; i < M; ++i) {
+            for (int64_t n = 0; n < N; ++n) {
+              double exact = acc ? C0[size_t(i * ldc + n)] : 0.0, mag = std::abs(exact);
+              for (int64_t k = 0; k < K; ++k) {
+                exact += a[size_t(i * K + k)] * b[size_t(k * N + n)];
+                mag += std::abs(a[size_t(i * K + k)] * b[size_t(k * N + n)]);
+              }
+              // fp32 accumulation of K / 2 pair sums (plus the start): each step within 2^-24 of
+              // the running magnitude; 2 (K + 2) 2^-24 of the sum of magnitudes covers it.
+              worst = std::max(worst, std::abs(C[size_t(i * ldc + n)] - exact) /
+                                          (2.0 * double(K + 2) * 0x1p-24 * mag));
+            }
+            for (int64_t n = N; n < ldc; ++n) pad_kept = pad_kept && C[size_t(i * ldc + n)] == 1e30f;
+          }
+          INFO("worst error / bound " << worst);
+          CHECK(worst <= 1.0);
+          CHECK(pad_kept);
+        }
 }
