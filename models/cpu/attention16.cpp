@@ -114,6 +114,21 @@ void softmax_grad_row(float* p, float* d, int64_t t, int64_t j0, int64_t w, floa
   std::fill(d + n, d + w, 0.0f);
 }
 
+// The backward's D[t] = dout[t] . out[t] for the T rows of one head (hs channels from element
+// o0, C between rows), in fp32 on the widened rows; both paths use it.
+std::unique_ptr<float[]> row_dots(ScalarType s, const void* dout, const void* out, int64_t o0,
+                                  int64_t C, int64_t T, int64_t hs) {
+  auto D = scratch<float>(T);
+  const auto a = scratch<float>(hs);
+  const auto c = scratch<float>(hs);
+  for (int64_t t = 0; t < T; ++t) {
+    load(s, dout, o0 + t * C, a.get(), hs);
+    load(s, out, o0 + t * C, c.get(), hs);
+    D[t] = elementwise::dot(a.get(), c.get(), hs);
+  }
+  return D;
+}
+
 void forward_tiles(void* out, float* lse, const void* qkv_in, int64_t B, int64_t T, int64_t C,
                    int64_t NH) {
   const auto* qkv = static_cast<const uint16_t*>(qkv_in);
@@ -190,16 +205,7 @@ void backward_tiles(void* dqkv, const void* dout_in, const void* qkv_in, const v
     const int64_t k0 = q0 + C, v0 = q0 + 2 * C;
     const int64_t o0 = b * T * C + h * hs;  // in out and dout
     const float* L = lse + bh * T;
-    const auto D = scratch<float>(T);
-    {
-      const auto a = scratch<float>(hs);
-      const auto c = scratch<float>(hs);
-      for (int64_t t = 0; t < T; ++t) {
-        load(s, dout, o0 + t * C, a.get(), hs);
-        load(s, out, o0 + t * C, c.get(), hs);
-        D[t] = elementwise::dot(a.get(), c.get(), hs);
-      }
-    }
+    const auto D = row_dots(s, dout, out, o0, C, T, hs);
     // The (batch, head)'s operands in tile layouts (see the file comment), each tile's rows at
     // most 512 bytes apart: Kt, Vt (the B of Q K^T, dO V^T) per key block j0 (w keys) at
     // j0 * hs / 2, words (p, j) at p * w + j; Kz (the B of dS K) rows j, j + 1 of K interleaved,
@@ -330,17 +336,7 @@ void attention_backward_lse(ScalarType s, void* dqkv, const void* dout, const vo
     const int64_t k0 = q0 + C, v0 = q0 + 2 * C;
     const int64_t o0 = b * T * C + h * hs;  // in out and dout
     const float* L = lse + bh * T;
-    // D[t] = dout[t] . out[t], in fp32 on the widened rows.
-    const auto D = scratch<float>(T);
-    {
-      const auto a = scratch<float>(hs);
-      const auto c = scratch<float>(hs);
-      for (int64_t t = 0; t < T; ++t) {
-        load(s, dout, o0 + t * C, a.get(), hs);
-        load(s, out, o0 + t * C, c.get(), hs);
-        D[t] = elementwise::dot(a.get(), c.get(), hs);
-      }
-    }
+    const auto D = row_dots(s, dout, out, o0, C, T, hs);
     const auto P = scratch<float>(kQueryBlock * kKeyBlock);
     const auto dS = scratch<float>(kQueryBlock * kKeyBlock);
     const auto dK = scratch<float>(kKeyBlock * hs);
