@@ -1,5 +1,6 @@
 #include "core/dtype.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 namespace zero {
@@ -92,6 +93,26 @@ void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t 
       return dst_type == DType::f32 ? f16_to_f32(src, dst, n) : f16_to_bf16(src, dst, n);
     case DType::bf16:
       return dst_type == DType::f32 ? bf16_to_f32(src, dst, n) : bf16_to_f16(src, dst, n);
+  }
+}
+
+void accumulate_widened(float* acc, const void* x, DType t, size_t n) {
+  constexpr size_t kWiden = 1024;  // 4 KiB of fp32: stays in L1 next to acc's block
+  const size_t es = size_of(t);
+  float widened[kWiden];
+  for (size_t b = 0; b < n; b += kWiden) {
+    const size_t m = std::min(kWiden, n - b);
+    const float* __restrict w = widened;
+    if (t == DType::f32) {
+      w = static_cast<const float*>(x) + b;
+    } else {
+      convert(static_cast<const unsigned char*>(x) + b * es, t, widened, DType::f32, m);
+    }
+    float* __restrict a = acc + b;
+    const size_t bulk = m - m % kBlock;
+    for (size_t i = 0; i < bulk; i += kBlock)
+      for (size_t j = 0; j < kBlock; ++j) a[i + j] += w[i + j];
+    for (size_t i = bulk; i < m; ++i) a[i] += w[i];
   }
 }
 

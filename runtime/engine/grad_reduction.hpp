@@ -66,6 +66,7 @@ class GradReduction {
   void start_reduce_full(int g);
   void reduce_group_stage2(int g, bool last);
   void finish_oldest_reduce();
+  void add_or_widen(int g, float* sum, const void* x, size_t n);
 
   Context& x_;
   std::vector<Tensor> grad_full_;      // stage 0/1: full padded gradient
@@ -106,6 +107,10 @@ class GradReduction {
   };
   std::vector<Tied> tied_;
   std::vector<int> deferred_;  // tied groups whose final gradient waits for finish()
+  // Per group: no micro-batch of this step has written its fp32 sum (grad_sum01_ or an
+  // accumulating grad_acc_) or its kept shard (grad_acc_ with one micro-batch) yet; the next
+  // one writes over it instead of adding (add_or_widen), so clear() zeroes none of them.
+  std::vector<char> fresh_;
   int64_t pending_elems_ = 0;           // bounded by reduce_bucket_size (or one group)
   Pool pool_;
 };

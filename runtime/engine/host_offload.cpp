@@ -1,5 +1,6 @@
 #include "runtime/engine/host_offload.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/log.hpp"
@@ -63,6 +64,7 @@ bool HostOffload::allocate(bool second_bank, int swap_rank, offload::SwapStore* 
     }
   }
   partial_.assign(static_cast<size_t>(G), 0.0);
+  acc_fresh_.assign(static_cast<size_t>(G), 1);
   for (int g = 0; g < G; ++g) {
     adam_done_.push_back(make_cpu_event());
     land_done_.push_back(make_cpu_event());
@@ -93,13 +95,16 @@ void HostOffload::land(int g, const void* shard, bool last) {
   const double t0 = now_seconds();
   copies_->to_host(h_land_, static_cast<size_t>(x_.owned_off[gi]) * e, shard, n * e).wait();
   x_.timers.d2h += now_seconds() - t0;
-  worker_->launch_host([this, g, gi, n, e, last] {
+  // The accumulator is not zeroed between steps (clear()): the step's first landing of g writes
+  // over it, widened, and the later ones add to it, a block at a time on the stack.
+  const bool first = acc_fresh_[gi] != 0;
+  acc_fresh_[gi] = 0;
+  worker_->launch_host([this, g, gi, n, e, last, first] {
     const unsigned char* landed = static_cast<const unsigned char*>(h_land_.data()) + static_cast<size_t>(x_.owned_off[gi]) * e;
     if (h_acc_) {
       float* acc = h_acc_.as<float>() + x_.owned_off[gi];
-      std::vector<float> widened(n);
-      convert(landed, x_.dtype, widened.data(), DType::f32, n);
-      for (size_t i = 0; i < n; ++i) acc[i] += widened[i];
+      if (first) convert(landed, x_.dtype, acc, DType::f32, n);
+      else accumulate_widened(acc, landed, x_.dtype, n);
     }
     if (last) {
       double sq = 0;  // the runs the norm counts (a tied copy another stage owns is left out)
@@ -148,13 +153,14 @@ void HostOffload::run_adam(int g, std::function<void(int64_t lo, int64_t n)> ada
 }
 
 void HostOffload::clear() {
-  if (h_acc_) std::memset(h_acc_.data(), 0, h_acc_.bytes());
+  std::fill(acc_fresh_.begin(), acc_fresh_.end(), 1);
 }
 
 void HostOffload::quiesce() noexcept {
   if (worker_) try { worker_->synchronize(); } catch (...) {}
   if (optimizer_) try { optimizer_->synchronize(); } catch (...) {}
   if (swap_) swap_->quiesce();
+  std::fill(acc_fresh_.begin(), acc_fresh_.end(), 1);  // a failed step's partial sums are not carried over
 }
 
 }  // namespace zero::engine

@@ -119,6 +119,7 @@ class HostOffload {
   std::unique_ptr<Event> norms_done_;              // the last landed group's norm was taken
   offload::HostBuffer h_land_;   // owned_total x e: this micro-batch's reduced shard, landed
   offload::HostBuffer h_acc_;    // owned_total fp32: accumulator (stage 2/3, accumulation)
+  std::vector<char> acc_fresh_;  // per group: not landed this step yet (its h_acc_ part is stale)
   offload::HostBuffer h_out_;    // owned_total x e: AdamW's updated working copy, going up
                                  // (empty with NVMe offload: h_land_ holds it)
   const offload::HostBuffer& out_buffer() const { return h_out_ ? h_out_ : h_land_; }

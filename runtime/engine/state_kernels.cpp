@@ -15,8 +15,6 @@ namespace {
 // gradient accumulation these passes touch every gradient element once per micro-batch (124M of
 // them for GPT-2): on one thread they were a tenth of a step.
 constexpr size_t kChunk = size_t{1} << 16;
-// Elements widened at a time on the stack (16 KiB of fp32: stays in L1 with its sum).
-constexpr size_t kWiden = 4096;
 
 // Host code on the compute stream's worker thread. The lambdas capture raw pointers: the caller
 // keeps the buffers alive until the stream has passed the call (StateKernels' contract).
@@ -28,18 +26,7 @@ class CpuStateKernels final : public StateKernels {
     if (n == 0) return;
     stream_.launch_host([acc, x, t, n] {
       parallel_chunks(n, kChunk, 1, [&](size_t i0, size_t i1) {
-        if (t == DType::f32) {
-          const float* xs = static_cast<const float*>(x);
-          for (size_t i = i0; i < i1; ++i) acc[i] += xs[i];
-          return;
-        }
-        float widened[kWiden];
-        const size_t es = size_of(t);
-        for (size_t b = i0; b < i1; b += kWiden) {
-          const size_t m = std::min(kWiden, i1 - b);
-          zero::convert(static_cast<const unsigned char*>(x) + b * es, t, widened, DType::f32, m);
-          for (size_t i = 0; i < m; ++i) acc[b + i] += widened[i];
-        }
+        zero::accumulate_widened(acc + i0, static_cast<const unsigned char*>(x) + i0 * size_of(t), t, i1 - i0);
       });
     });
   }
