@@ -78,6 +78,21 @@ ZERO_SIMD_CLONES void bf16_to_f16(const void* s, void* d, size_t n) {
       s, d, n, [](bfloat16 x) { return to_float(x); }, [](float x) { return to_half(x); });
 }
 
+// acc[i] += widen(x[i]) in one pass, blocked like convert_loop (accumulate_widened).
+template <class Src>
+void add_loop(float* acc, const void* src, size_t n) {
+  const Src* __restrict s = static_cast<const Src*>(src);
+  float* __restrict a = acc;
+  const size_t bulk = n - n % kBlock;
+  for (size_t i = 0; i < bulk; i += kBlock) {
+    for (size_t j = 0; j < kBlock; ++j) a[i + j] += to_float(s[i + j]);
+  }
+  for (size_t i = bulk; i < n; ++i) a[i] += to_float(s[i]);
+}
+ZERO_SIMD_CLONES void add_f32(float* acc, const void* s, size_t n) { add_loop<float>(acc, s, n); }
+ZERO_SIMD_CLONES void add_f16(float* acc, const void* s, size_t n) { add_loop<half>(acc, s, n); }
+ZERO_SIMD_CLONES void add_bf16(float* acc, const void* s, size_t n) { add_loop<bfloat16>(acc, s, n); }
+
 }  // namespace
 
 void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t n) {
@@ -97,22 +112,10 @@ void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t 
 }
 
 void accumulate_widened(float* acc, const void* x, DType t, size_t n) {
-  constexpr size_t kWiden = 1024;  // 4 KiB of fp32: stays in L1 next to acc's block
-  const size_t es = size_of(t);
-  float widened[kWiden];
-  for (size_t b = 0; b < n; b += kWiden) {
-    const size_t m = std::min(kWiden, n - b);
-    const float* __restrict w = widened;
-    if (t == DType::f32) {
-      w = static_cast<const float*>(x) + b;
-    } else {
-      convert(static_cast<const unsigned char*>(x) + b * es, t, widened, DType::f32, m);
-    }
-    float* __restrict a = acc + b;
-    const size_t bulk = m - m % kBlock;
-    for (size_t i = 0; i < bulk; i += kBlock)
-      for (size_t j = 0; j < kBlock; ++j) a[i + j] += w[i + j];
-    for (size_t i = bulk; i < m; ++i) a[i] += w[i];
+  switch (t) {
+    case DType::f32: return add_f32(acc, x, n);
+    case DType::f16: return add_f16(acc, x, n);
+    case DType::bf16: return add_bf16(acc, x, n);
   }
 }
 

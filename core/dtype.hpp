@@ -219,9 +219,9 @@ ZERO_HOST_DEVICE inline T from_float(float f) noexcept {
 // may then be null). Runs on the calling thread; no alignment needed beyond the element's.
 void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t n);
 
-// acc[i] = acc[i] + float(x[i]) for i < n: x (of type t) widened exactly, a block at a time on
-// the stack, then one fp32 addition per element (the same bits as widening all of x first). The
-// ranges must not overlap. Runs on the calling thread.
+// acc[i] = acc[i] + float(x[i]) for i < n: x (of type t) widened exactly, then one fp32
+// addition per element, in one vectorised pass. The ranges must not overlap. Runs on the
+// calling thread.
 void accumulate_widened(float* acc, const void* x, DType t, size_t n);
 
 }  // namespace zero

@@ -10,8 +10,14 @@ namespace zero::engine {
 void ParamResidency::plan() {
   const size_t G = static_cast<size_t>(x_.part.group_count());
   whole_.resize(G);
+  // In a data-parallel world of one, a stage-3 shard is the whole group: kept in device memory
+  // it is used in place, where gathering it would only copy it into a pooled buffer of the same
+  // size before every use (GPT-2 124M: 1 GB of copies per step on the communicator's thread).
+  // Shards offloaded to the host still come up before each use.
+  const bool alone = x_.world == 1 && !x_.off_param;
   for (size_t g = 0; g < G; ++g)
-    whole_[g] = x_.o.stage < 3 || x_.part.group(static_cast<int>(g)).padded_numel <= x_.o.param_persistence_threshold;
+    whole_[g] = x_.o.stage < 3 || alone ||
+                x_.part.group(static_cast<int>(g)).padded_numel <= x_.o.param_persistence_threshold;
   work_.resize(G);
   gathered_.resize(G);
   gathering_.resize(G);
