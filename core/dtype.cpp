@@ -1,6 +1,5 @@
 #include "core/dtype.hpp"
 
-#include <algorithm>
 #include <cstring>
 
 namespace zero {

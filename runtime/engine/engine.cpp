@@ -110,6 +110,7 @@ StepStats Engine::step(const std::function<Batch(int micro)>& next) {
   try {
     x.timers.reset_step();
     s.opt->begin_step();
+    s.grads.begin_step();
     // 1. The schedule's passes: every micro-batch forward, then backward (the parameters
     //    gathered before each Unit at stage 3), each group's gradient reduced as soon as its
     //    Unit's last backward is done. Before the last micro-batch the optimizer decides

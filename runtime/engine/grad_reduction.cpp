@@ -260,7 +260,18 @@ void GradReduction::quiesce() noexcept {
   }
   pending_.clear();
   pending_elems_ = 0;
+  deferred_.clear();
   std::fill(fresh_.begin(), fresh_.end(), 1);  // a failed step's partial sums are not carried over
+  stale_ = true;  // and its partial gradients neither (begin_step: the compute stream may be running)
+}
+
+void GradReduction::begin_step() {
+  if (!stale_) return;
+  stale_ = false;
+  clear();  // stage 0/1's full buffers
+  for (Tensor& t : grad_tmp_)
+    if (t) pool_.give(t);  // the next taker zeroes it (views)
+  for (Tied& t : tied_) x_.dev.fill_async(t.sum.data(), 0, static_cast<size_t>(t.numel) * 4, x_.compute);
 }
 
 }  // namespace zero::engine

@@ -12,7 +12,7 @@
 // With offload_optimizer each reduced shard goes to `land` instead (HostOffload::land), which
 // brings it down to the host as soon as its reduction is waited for.
 //
-// Called by the schedule (views, after_backward, drain), the step (finish, clear) and the
+// Called by the schedule (views, after_backward, drain), the step (begin_step, finish, clear) and the
 // optimizer step (device_grad, grad_type).
 //
 // Ownership and threading: owns the gradient buffers and the reductions in flight (each keeps
@@ -50,8 +50,13 @@ class GradReduction {
   void finish();
   // Fresh gradients for the next step (on the compute stream, after AdamW read them).
   void clear();
-  // Waits for every reduction in flight, errors dropped (an exception is unwinding).
+  // Waits for every reduction in flight, errors dropped (an exception is unwinding), and marks
+  // what the failed step left half-summed for begin_step() to discard.
   void quiesce() noexcept;
+  // Step start (compute stream): after a failed step (quiesce), its partial gradients go:
+  // stage 0/1's full buffers and the tied sums zeroed, stage 2/3's pooled buffers given back.
+  // So a step that throws (a data loader's error, an out-of-memory) leaves no trace in the next.
+  void begin_step();
 
   // Where this rank's reduced gradient for its owned range of group g starts on the device
   // (without offload), and its type.
@@ -112,6 +117,7 @@ class GradReduction {
   // one writes over it instead of adding (add_or_widen), so clear() zeroes none of them.
   std::vector<char> fresh_;
   int64_t pending_elems_ = 0;           // bounded by reduce_bucket_size (or one group)
+  bool stale_ = false;                  // a step failed since the last begin_step()
   Pool pool_;
 };
 

@@ -210,6 +210,7 @@ StepStats Engine::pipeline_step(const pipeline::Stage& list, const std::function
   try {
     x.timers.reset_step();
     s.opt->begin_step();
+    s.grads.begin_step();
     s.runner->plan(passes);
     const float seed = static_cast<float>(s.opt->loss_scale());
     auto run_passes = [&](StageMicro& m, size_t i) {

@@ -13,10 +13,13 @@
 // differ by roundings; AdamW's normalised update carries a relative gradient difference d into
 // a parameter difference of about lr * d per step, far below the bounds used here.
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <stdexcept>
 
 #include "models/gpt.hpp"
 #include "models/mlp.hpp"
@@ -310,4 +313,92 @@ TEST_CASE("engine: weight decay applies to the declared parameters, or to all of
       CHECK(undeclared >= 4);  // ln_1, ln_2, ln_f gains and the biases of the tiny GPT
     }
   }
+}
+
+namespace {
+
+// A Unit that throws from its backward when armed: the `fail_at`-th backward from now (0: the
+// next one), once; otherwise it is the wrapped Unit.
+class FailingUnit final : public Unit {
+ public:
+  explicit FailingUnit(std::unique_ptr<Unit> u) : u_(std::move(u)) {}
+  const std::string& name() const noexcept override { return u_->name(); }
+  std::span<const int> param_ids() const noexcept override { return u_->param_ids(); }
+  bool checkpointable() const noexcept override { return u_->checkpointable(); }
+  void forward(UnitContext& ctx) override { u_->forward(ctx); }
+  void backward(UnitContext& ctx) override { trip(); u_->backward(ctx); }
+  bool splits_backward() const noexcept override { return u_->splits_backward(); }
+  void backward_input(UnitContext& ctx) override { trip(); u_->backward_input(ctx); }
+  void backward_weight(UnitContext& ctx) override { u_->backward_weight(ctx); }
+  int fail_at = -1;
+
+ private:
+  void trip() {
+    if (fail_at >= 0 && fail_at-- == 0) throw std::runtime_error("injected failure in " + name() + "'s backward");
+  }
+  std::unique_ptr<Unit> u_;
+};
+
+}  // namespace
+
+// A step that throws half-way through a backward (a Unit's error, an out-of-memory) leaves the
+// model as it was, and the next step sums only its own gradients: the run that failed a step
+// and then went on is bitwise the run that never failed. The failure comes in micro-batch 1 of
+// 3, in h.0's backward: micro-batch 0's gradients are in the step's sums, the head's and h.1's
+// of micro-batch 1 in the full buffers (stage 0/1), the pooled ones, a reduction in flight or
+// the host accumulator (stage 2/3, offload), and the tied wte/head gradient half summed.
+TEST_CASE("engine: a step that throws mid-backward leaves no trace in the next step, every stage") {
+  coll::Communicator& comm = *test::env().comm;
+  Device& dev = *test::env().device;
+  struct Case {
+    int stage;
+    bool offload, offload_param;
+  };
+  const Case cases[] = {{0, false, false}, {1, false, false}, {2, false, false}, {3, false, false},
+                        {1, true, false},  {2, true, false},  {3, true, false},  {3, true, true}};
+  for (ScalarType type : {ScalarType::f32, ScalarType::bf16})
+    for (const Case& c : cases) {
+      auto run = [&](bool fail) {
+        auto stream = dev.create_stream("compute");
+        auto ops = models::make_ops(dev, *stream);
+        Model model = models::make_gpt({kGpt, type, ScalarType::f32}, *ops);
+        FailingUnit* failing = nullptr;
+        for (auto& u : model.units)
+          if (u->name() == "h.0") {
+            auto f = std::make_unique<FailingUnit>(std::move(u));
+            failing = f.get();
+            u = std::move(f);
+          }
+        REQUIRE(failing);
+        EngineOptions o;
+        o.stage = c.stage;
+        o.offload_optimizer = c.offload;
+        o.offload_param = c.offload_param;
+        o.gradient_accumulation_steps = 3;
+        o.param_type = type;
+        o.adam.weight_decay = 0.01f;
+        o.lr = [](int64_t) { return 1e-2f; };
+        o.seed = 5;
+        Engine engine(model, dev, *stream, comm, o);
+        auto batches = [&](int step) {
+          return [&, step](int m) { return make_batch(dev, true, int64_t{step} * 1000 + comm.rank() * 3 + m); };
+        };
+        Run r;
+        for (int step = 0; step < 4; ++step) {
+          if (fail && step == 1) {
+            failing->fail_at = 1;  // micro-batch 1's backward of h.0, on every rank alike
+            CHECK_THROWS_WITH(engine.step(batches(step)), Catch::Matchers::Equals("injected failure in h.0's backward"));
+            CHECK(engine.steps_taken() == 1);
+          }
+          r.losses.push_back(engine.step(batches(step)).loss);
+        }
+        for (int p = 0; p < static_cast<int>(model.params.size()); ++p) r.params.push_back(engine.parameter(p));
+        return r;
+      };
+      INFO("stage " << c.stage << (c.offload ? " + offload_optimizer" : "") << (c.offload_param ? " + offload_param" : "")
+                    << ", " << to_string(type) << ", " << comm.size() << " rank(s)");
+      const Run failed = run(true), plain = run(false);
+      CHECK(failed.losses == plain.losses);
+      for (size_t p = 0; p < plain.params.size(); ++p) CHECK(failed.params[p] == plain.params[p]);
+    }
 }
