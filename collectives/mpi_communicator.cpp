@@ -8,11 +8,9 @@
 //                   then host_reduce adds the N pieces in rank order in fp32 and rounds once.
 //                   Segment k+1's messages are posted before segment k is reduced. A segment is
 //                   waited for by polling (wait_all), not MPI_Waitall, which spins.
-//   all_reduce      the same reduce-scatter over N near-equal parts, then the all-gather's
-//                   ring in place: bitwise the values reduce_scatter gives.
-//   all_gather      a ring of N-1 Isend/Irecv steps into the output, each waited for by polling
-//                   (wait_all), not MPI_Allgather, which spins; broadcast MPI_Bcast; barrier
-//                   MPI_Barrier (both rare: set-up, checkpoints).
+//   all_reduce      the same reduce-scatter over N near-equal parts, then MPI_Allgatherv in
+//                   place: bitwise the values reduce_scatter gives.
+//   all_gather      MPI_Allgather; broadcast MPI_Bcast; barrier MPI_Barrier.
 //   send / recv     MPI_Isend / MPI_Irecv with tag kP2pTag, posted by the worker in call order
 //                   (so MPI's non-overtaking rule gives the per-pair order communicator.hpp
 //                   promises); the worker never waits for them. Each (peer, direction) has a
@@ -45,10 +43,6 @@ namespace {
 // Bytes per peer per segment: large enough to amortise per-message cost, small enough that
 // posting the next segment early overlaps usefully and the scratch stays small.
 constexpr size_t kSegmentBytes = 1 << 20;
-// Tags on the communicator: the reduce-scatter exchange's messages 0, the all-gather ring's
-// kGatherTag, point-to-point kP2pTag (communicator.hpp). Each kind is posted in call order by
-// the one worker thread, so MPI's non-overtaking rule matches them pair by pair.
-constexpr int kGatherTag = 1;
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
@@ -122,11 +116,10 @@ class MpiCommunicator final : public Communicator {
     auto* mine = static_cast<char*>(recv) + static_cast<size_t>(rank()) * bytes;
     const bool in_place = send == mine;
     if (size() == 1 || count == 0) return copy_or_mark(mine, send, in_place ? 0 : bytes, after);
-    checked_count(count, "all_gather");
-    std::vector<Part> parts(static_cast<size_t>(size()));
-    for (int q = 0; q < size(); ++q) parts[static_cast<size_t>(q)] = {static_cast<size_t>(q) * count, count};
-    return submit(after, [=, this, parts = std::move(parts)] {
-      ring_all_gather(static_cast<char*>(recv), static_cast<const char*>(send), parts, dt);
+    const int n = checked_count(count, "all_gather");
+    return submit(after, [=, this] {
+      ZERO_CHECK_MPI(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, mpi_type(dt), recv, n,
+                                   mpi_type(dt), comm_));
     });
   }
 
@@ -153,14 +146,19 @@ class MpiCommunicator final : public Communicator {
     const size_t n = static_cast<size_t>(size());
     const size_t chunk = (count + n - 1) / n;
     std::vector<Part> parts(n);
+    std::vector<int> counts(n), displs(n);
     for (size_t q = 0; q < n; ++q) {
       const size_t off = std::min(count, q * chunk);
       parts[q] = {off, std::min(count, off + chunk) - off};
+      counts[q] = static_cast<int>(parts[q].len);
+      displs[q] = static_cast<int>(off);  // off <= count <= INT_MAX
     }
     char* my_out = static_cast<char*>(recv) + parts[static_cast<size_t>(rank())].offset * esz;
-    return submit(after, [=, this, parts = std::move(parts)] {
+    return submit(after, [=, this, parts = std::move(parts), counts = std::move(counts),
+                          displs = std::move(displs)] {
       exchange_and_reduce(send, my_out, parts, dt, op);
-      ring_all_gather(static_cast<char*>(recv), my_out, parts, dt);
+      ZERO_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, mpi_type(dt), recv, counts.data(),
+                                    displs.data(), mpi_type(dt), comm_));
     });
   }
 
@@ -372,42 +370,6 @@ class MpiCommunicator final : public Communicator {
             q == r ? static_cast<const void*>(src + (mine.offset + s * seg) * esz)
                    : static_cast<const void*>(slot(static_cast<int>(s % 2), q));
       host_reduce(dt, op, n, inputs.data(), n, static_cast<char*>(out) + s * seg * esz, len);
-    }
-  }
-
-  // Every rank's part of buf (parts[q], in elements of dt) to
-  // every rank: a ring of N-1 steps, in step s rank r sends part r - s to its right neighbour and
-  // receives part r - s - 1 from its left one, straight into buf. `own` holds this rank's part
-  // (buf's own place, or elsewhere: copied there during the first step). Each step is waited for by
-  // polling (wait_all): MPI_Allgather(v), which this replaces, spins inside Open MPI while a
-  // peer is still computing, on a core this rank's compute thread needs (docs/collectives.md).
-  // Runs on the worker thread.
-  void ring_all_gather(char* buf, const char* own, const std::vector<Part>& parts, DType dt) {
-    const int n = size(), r = rank();
-    const size_t esz = size_of(dt);
-    const int right = (r + 1) % n, left = (r + n - 1) % n;
-    std::vector<MPI_Request> reqs;
-    for (int s = 0; s + 1 < n; ++s) {
-      const Part& out = parts[static_cast<size_t>((r - s + n) % n)];
-      const Part& in = parts[static_cast<size_t>((r - s - 1 + 2 * n) % n)];
-      reqs.clear();
-      MPI_Request q;
-      if (in.len > 0) {
-        ZERO_CHECK_MPI(MPI_Irecv(buf + in.offset * esz, static_cast<int>(in.len), mpi_type(dt), left,
-                                 kGatherTag, comm_, &q));
-        reqs.push_back(q);
-      }
-      if (out.len > 0) {
-        const char* from = s == 0 ? own : buf + out.offset * esz;
-        ZERO_CHECK_MPI(MPI_Isend(from, static_cast<int>(out.len), mpi_type(dt), right, kGatherTag, comm_, &q));
-        reqs.push_back(q);
-      }
-      if (s == 0 && own != buf + out.offset * esz) {
-        // This rank's own part goes into the output while the first messages move (its send
-        // reads `own`, its receive writes another part).
-        std::memmove(buf + out.offset * esz, own, out.len * esz);
-      }
-      wait_all(reqs);
     }
   }
 
