@@ -17,26 +17,17 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do configs+=("$1"); shift; done
 shift
 mpirun=("$@")
 fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$src/tests/cli/netns_lib.sh"
 rm -rf "$work"
 mkdir -p "$work"
 cd "$work" || exit 1
 export OPENBLAS_NUM_THREADS=1
 
-if ! why=$(bash "$src/tests/cli/netns_hosts.sh" check); then
-  echo "SKIPPED: network namespaces are not available here: $why"; exit 77
-fi
-prefix=zt$$
-export ZERO_NETNS_PREFIX=$prefix
-trap 'bash "$src/tests/cli/netns_hosts.sh" down $prefix' EXIT
-bash "$src/tests/cli/netns_hosts.sh" up $prefix || fail "could not build the test hosts"
-per=$((np / 2))
+netns_begin zt
 
 for cfg in "${configs[@]}"; do
   name=$(basename "$cfg" .json)
-  ip netns exec "$prefix-head" "${mpirun[@]}" --host "h1:$per,h2:$per" -np "$np" \
-    --mca plm_rsh_agent "$src/tests/cli/netns_hosts.sh rsh" --mca plm_rsh_no_tree_spawn 1 \
-    --mca btl self,vader,tcp --mca btl_tcp_if_include 10.231.0.0/24 \
-    --mca oob_tcp_if_include 10.231.0.0/24 -x ZERO_NETNS_PREFIX \
+  netns_mpirun "$np" "${mpirun[@]}" -- \
     "$zt" --config "$cfg" --steps "$steps" --watchdog-timeout 6 --metrics "$name.jsonl" \
     > "$name.log" 2>&1
   rc=$?

@@ -18,6 +18,7 @@ mpirun=("$@")
 timeout_s=${ZERO_WATCHDOG_TEST_TIMEOUT:-6}
 cfg=$src/tests/data/configs/watchdog_train.json
 fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$src/tests/cli/netns_lib.sh"
 now() { date +%s.%N; }
 rm -rf "$work"
 mkdir -p "$work"
@@ -80,27 +81,14 @@ case $mode in
     regex="watchdog: rank [0-9]+ \(host [^)]+\) has not answered for [0-9.]+ s"
     ;;
   lost-host)
-    if ! why=$(bash "$src/tests/cli/netns_hosts.sh" check); then
-      echo "SKIPPED: network namespaces are not available here: $why"; exit 77
-    fi
-    prefix=zw$$
-    export ZERO_NETNS_PREFIX=$prefix
-    trap 'bash "$src/tests/cli/netns_hosts.sh" down $prefix' EXIT
-    bash "$src/tests/cli/netns_hosts.sh" up $prefix || fail "could not build the test hosts"
-    per=$((np / 2))
-    # mpirun runs in the head namespace and starts one orted per host through the rsh agent;
-    # the ranks talk over TCP on the test network only.
-    ip netns exec "$prefix-head" "${mpirun[@]}" --host "h1:$per,h2:$per" -np "$np" \
-      --mca plm_rsh_agent "$src/tests/cli/netns_hosts.sh rsh" --mca plm_rsh_no_tree_spawn 1 \
-      --mca btl self,vader,tcp --mca btl_tcp_if_include 10.231.0.0/24 \
-      --mca oob_tcp_if_include 10.231.0.0/24 -x ZERO_NETNS_PREFIX \
-      "$zt" "${common[@]}" > run.log 2>&1 &
+    netns_begin zw
+    netns_mpirun "$np" "${mpirun[@]}" -- "$zt" "${common[@]}" > run.log 2>&1 &
     job=$!
     wait_for_training $job
     t0=$(now)
-    bash "$src/tests/cli/netns_hosts.sh" cut $prefix h2
+    bash "$src/tests/cli/netns_hosts.sh" cut "$netns_prefix" h2
     wait_for_end $job "$t0"
-    # The ranks of h2 are the last `per` ranks (mpirun fills h1 first).
+    # The ranks of h2 are the last NP/2 ranks (mpirun fills h1 first).
     regex="watchdog: rank [0-9]+ \(host h[12]\) has not answered for [0-9.]+ s"
     ;;
   *) fail "unknown mode $mode" ;;
