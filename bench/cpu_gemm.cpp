@@ -14,7 +14,14 @@
 //
 //   3. --reference-only: part 1's oneDNN bf16 rows on all threads and nothing else (a few
 //      seconds): the rate bench/cpu_speed.py samples right before each training run, so that a
-//      run's model FLOP/s is set against the machine's speed of that minute.
+//      run's model FLOP/s is set against the machine's speed of that minute. Those rows carry
+//      params.mfu_reference = true.
+//
+//   On a CPU without bf16 products (models::cpu::matmul_supports(bf16) false: Debian's oneDNN
+//   2.6 has none below AVX-512, e.g. on AVX2-only x86) bf16 training widens its weights to fp32
+//   and multiplies with OpenBLAS (kernels.cpp), so the bf16 rows are left out (said on stderr
+//   and in each row's params.bf16_products) and the bf16 reference becomes that product,
+//   OpenBLAS fp32 on all threads: the rate bf16 training can reach on this CPU.
 //
 //   build/bench/cpu_gemm [--quick] [--reference-only]
 #include <cblas.h>
@@ -43,7 +50,8 @@ namespace kern = zero::models::cpu;
 const char* const kUsage =
     "usage: cpu_gemm [--quick] [--reference-only]\n"
     "  bf16/fp32 matrix products of the cpu backend (oneDNN, OpenBLAS, our kernels); JSON out.\n"
-    "  --reference-only: only oneDNN's bf16 products on all threads (the MFU reference).\n";
+    "  --reference-only: only the bf16 reference products on all threads (the MFU reference:\n"
+    "  oneDNN bf16, or OpenBLAS fp32 on a CPU without bf16 products).\n";
 
 struct GemmShape {
   const char* what;
@@ -91,6 +99,8 @@ std::vector<zero::bfloat16> to_bf16(const std::vector<float>& v) {
   return o;
 }
 
+int run(const Options& opt, bool reference_only, int argc, char** argv);
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,10 +114,32 @@ int main(int argc, char** argv) {
       args.push_back(argv[i]);
   }
   const Options opt = parse_options(static_cast<int>(args.size()), args.data(), kUsage);
+  try {
+    return run(opt, reference_only, argc, argv);
+  } catch (const dnnl::error& e) {
+    std::fprintf(stderr, "cpu_gemm: oneDNN failed: %s (dnnl_status_t %d)\n", e.what(),
+                 int(e.status));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cpu_gemm: %s\n", e.what());
+  }
+  return 1;
+}
+
+namespace {
+
+int run(const Options& opt, bool reference_only, int argc, char** argv) {
   const int threads = tbb::info::default_concurrency();
   const int64_t rows = opt.quick ? 1024 : 2048;  // B*T: 4 (quick) or 8 sequences of 256 tokens
   const int reps = opt.quick ? 5 : 9;
   Report report("cpu_gemm", argc, argv, opt.quick, 1, threads);
+  const bool have_bf16 = kern::matmul_supports(ScalarType::bf16);
+  const std::string bf16_products =
+      have_bf16 ? kern::matmul_description(ScalarType::bf16)
+                : "none on this CPU (oneDNN has no bf16 matmul for its ISA): bf16 training widens "
+                  "weights to fp32 and multiplies with OpenBLAS";
+  if (!have_bf16)
+    std::fprintf(stderr, "cpu_gemm: no bf16 products on this CPU: oneDNN bf16 rows left out; the "
+                         "bf16 reference is OpenBLAS fp32, the product bf16 training uses here\n");
   const GemmShape shapes[] = {{"attention c_proj", 512, 512, false},
                           {"attention c_attn", 512, 1536, false},
                           {"mlp c_fc", 512, 2048, false},
@@ -124,18 +156,35 @@ int main(int argc, char** argv) {
     const nlohmann::json params = {{"rows", rows}, {"k", s.K}, {"oc", s.N}, {"head", s.head}};
     std::fprintf(stderr, "cpu_gemm: %s\n", shape.c_str());
 
+    // The whole product bf16 training runs here: oneDNN bf16 where the CPU has bf16 products,
+    // else OpenBLAS fp32 on the widened weights (see the file comment).
+    const auto blas_product = [&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, s.head ? CblasTrans : CblasNoTrans, int(rows),
+                  int(s.N), int(s.K), 1.0f, x32.data(), int(s.K), w32.data(),
+                  s.head ? int(s.K) : int(s.N), 0.0f, y.data(), int(s.N));
+    };
     if (reference_only) {
-      DnnlProduct d16(rows, s, dnnl::memory::data_type::bf16,
-                      const_cast<zero::bfloat16*>(x16.data()),
-                      const_cast<zero::bfloat16*>(w16.data()), y.data(), threads);
       // More repetitions than part 1: one product is a few milliseconds, and this sample sets a
       // whole training run's MFU.
-      const Stats st = rate(flops, time_it(3, 40, [&] { d16.run(threads); }));
+      Stats st{};
+      if (have_bf16) {
+        DnnlProduct d16(rows, s, dnnl::memory::data_type::bf16,
+                        const_cast<zero::bfloat16*>(x16.data()),
+                        const_cast<zero::bfloat16*>(w16.data()), y.data(), threads);
+        st = rate(flops, time_it(3, 40, [&] { d16.run(threads); }));
+      } else {
+        openblas_set_num_threads(threads);
+        st = rate(flops, time_it(3, 40, blas_product));
+      }
+      const char* lib = have_bf16 ? "oneDNN bf16" : "OpenBLAS fp32";
       Result r;
-      r.name = "oneDNN bf16, " + shape + ", " + std::to_string(threads) + " thread(s)";
+      r.name = std::string(lib) + (have_bf16 ? "" : " (bf16 training's product on this CPU)") +
+               ", " + shape + ", " + std::to_string(threads) + " thread(s)";
       r.params = params;
-      r.params["library"] = "oneDNN bf16";
+      r.params["library"] = lib;
       r.params["threads"] = threads;
+      r.params["mfu_reference"] = true;
+      r.params["bf16_products"] = bf16_products;
       r.metric = "throughput";
       r.unit = "FLOP/s";
       r.value = st;
@@ -147,28 +196,28 @@ int main(int argc, char** argv) {
     Stats raw_bf16_all{}, raw_f32_all{};
     for (int th : {1, threads}) {
       openblas_set_num_threads(th);
-      const Stats blas = time_it(1, reps, [&] {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, s.head ? CblasTrans : CblasNoTrans, int(rows),
-                    int(s.N), int(s.K), 1.0f, x32.data(), int(s.K), w32.data(),
-                    s.head ? int(s.K) : int(s.N), 0.0f, y.data(), int(s.N));
-      });
+      const Stats blas = time_it(1, reps, blas_product);
       DnnlProduct d32(rows, s, dnnl::memory::data_type::f32, const_cast<float*>(x32.data()),
                       const_cast<float*>(w32.data()), y.data(), th);
       const Stats dnnl32 = time_it(1, reps, [&] { d32.run(th); });
-      DnnlProduct d16(rows, s, dnnl::memory::data_type::bf16,
-                      const_cast<zero::bfloat16*>(x16.data()),
-                      const_cast<zero::bfloat16*>(w16.data()), y.data(), th);
-      const Stats dnnl16 = time_it(1, reps, [&] { d16.run(th); });
       const Stats blas_rate = rate(flops, blas);
-      const std::pair<const char*, Stats> rows_[] = {{"OpenBLAS fp32", blas_rate},
-                                                     {"oneDNN fp32", rate(flops, dnnl32)},
-                                                     {"oneDNN bf16", rate(flops, dnnl16)}};
+      std::vector<std::pair<const char*, Stats>> rows_ = {{"OpenBLAS fp32", blas_rate},
+                                                          {"oneDNN fp32", rate(flops, dnnl32)}};
+      Stats bf16_rate = blas_rate;  // what bf16 training multiplies with without bf16 products
+      if (have_bf16) {
+        DnnlProduct d16(rows, s, dnnl::memory::data_type::bf16,
+                        const_cast<zero::bfloat16*>(x16.data()),
+                        const_cast<zero::bfloat16*>(w16.data()), y.data(), th);
+        bf16_rate = rate(flops, time_it(1, reps, [&] { d16.run(th); }));
+        rows_.emplace_back("oneDNN bf16", bf16_rate);
+      }
       for (const auto& [lib, st] : rows_) {
         Result r;
         r.name = std::string(lib) + ", " + shape + ", " + std::to_string(th) + " thread(s)";
         r.params = params;
         r.params["library"] = lib;
         r.params["threads"] = th;
+        r.params["bf16_products"] = bf16_products;
         r.metric = "throughput";
         r.unit = "FLOP/s";
         r.value = st;
@@ -176,7 +225,7 @@ int main(int argc, char** argv) {
         r.reference_median = blas_rate.median;
         report.add(std::move(r));
       }
-      if (th == threads) raw_bf16_all = rate(flops, dnnl16), raw_f32_all = blas_rate;
+      if (th == threads) raw_bf16_all = bf16_rate, raw_f32_all = blas_rate;
     }
     openblas_set_num_threads(1);  // the kernels' contract: one BLAS thread per call
 
@@ -221,7 +270,8 @@ int main(int argc, char** argv) {
         r.metric = "throughput";
         r.unit = "FLOP/s";
         r.value = st;
-        r.reference_name = std::string(b16 ? "oneDNN bf16" : "OpenBLAS fp32") +
+        r.reference_name = std::string(b16 && have_bf16 ? "oneDNN bf16" : "OpenBLAS fp32") +
+                           (b16 && !have_bf16 ? " (bf16 training's product on this CPU)" : "") +
                            " forward product, one call, same run, " + std::to_string(threads) +
                            " threads";
         r.reference_median = ref.median;
@@ -233,3 +283,5 @@ int main(int argc, char** argv) {
   report.print();
   return 0;
 }
+
+}  // namespace

@@ -75,7 +75,10 @@ TEST_CASE("matmul: every transpose of fp32 and bf16 agrees with fp64 within fp32
   for (ScalarType t : {ScalarType::f32, ScalarType::bf16}) {
     // A CPU without bf16 products (AVX2 only: oneDNN 2.6 has none) leaves bf16 to the kernels'
     // fp32 path and never asks matmul for it (kernels.cpp asks matmul_supports first).
-    if (!models::cpu::matmul_supports(t)) continue;
+    if (!models::cpu::matmul_supports(t)) {
+      WARN(to_string(t) << " products not tested: none on this CPU");
+      continue;
+    }
     for (int ta = 0; ta < 2; ++ta)
       for (int tb = 0; tb < 2; ++tb)
         for (int acc = 0; acc < 2; ++acc) {
@@ -116,6 +119,7 @@ TEST_CASE("matmul: repeated and concurrent calls give the same bits whatever Ope
   // bf16 where this CPU has bf16 products, else fp32 (the same promise holds for both).
   const ScalarType t =
       models::cpu::matmul_supports(ScalarType::bf16) ? ScalarType::bf16 : ScalarType::f32;
+  if (t != ScalarType::bf16) WARN("no bf16 products on this CPU: the concurrency test runs on fp32");
   const Stored A(t, M, K, 3), B(t, N, K, 4);
   const auto run = [&](std::vector<float>& C) {
     C.assign(static_cast<size_t>(M * N), 0.0f);
@@ -162,7 +166,10 @@ TEST_CASE("PackedWeight: products on the packed weight agree with fp64 and repea
   // pair of rows in the VNNI layout), B with padding columns (1e30) that must not be read.
   const int64_t rows = 128, N = 200, K = 301;
   for (ScalarType t : {ScalarType::f32, ScalarType::bf16}) {
-    if (!models::cpu::matmul_supports(t)) continue;  // as in the first test case
+    if (!models::cpu::matmul_supports(t)) {  // as in the first test case
+      WARN(to_string(t) << " packed products not tested: none on this CPU");
+      continue;
+    }
     for (int tb = 0; tb < 2; ++tb)
       for (int acc = 0; acc < 2; ++acc) {
         INFO(to_string(t) << (tb ? " B^T" : "") << (acc ? " +=" : ""));
