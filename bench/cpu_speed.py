@@ -3,12 +3,14 @@
 the same cores, same model, same data, same optimizer and schedule (issue 21, "Must show").
 
 Cases (each a real training run of a few steps): zero-train at ZeRO stage 0, 2 and 3, with and
-without optimizer offload (stages 2 and 3), bf16, on 1 and 2 ranks; the peers at the matching
-stage when a virtualenv with torch and deepspeed is given (--peers-venv, made by
-bench/peers/install.sh): PyTorch eager bf16 autocast (1 process, all cores) and DDP over gloo
-(2 processes) for stage 0, DeepSpeed ZeRO-2 and ZeRO-3 bf16 with and without optimizer offload
-(1 and 2 processes) for stages 2 and 3. Runs are interleaved: run 1 of every case, then run 2 of
-every case, ..., so a slow minute of the machine spreads over all systems alike.
+without optimizer offload (stages 2 and 3), on 1 and 2 ranks; the peers at the matching stage
+when a virtualenv with torch and deepspeed is given (--peers-venv, made by
+bench/peers/install.sh): PyTorch eager (bf16 autocast, or fp32) on 1 process, all cores, and DDP
+over gloo (2 processes) for stage 0, DeepSpeed ZeRO-2 and ZeRO-3 with and without optimizer
+offload (1 and 2 processes) for stages 2 and 3. Every system trains in bf16 where the CPU has
+bf16 products (AVX-512 and up), in fp32 where it has not (--dtype, bf16_products()). Runs are
+interleaved: run 1 of every case, then run 2 of every case, ..., so a slow minute of the machine
+spreads over all systems alike.
 
 Everyone reads one llm.c token shard written here (a fixed synthetic language, see
 write_language_shard) in zero-train's sequence order; the config is bench/configs/cpu_speed.json
@@ -24,8 +26,8 @@ ranks are started through this script's --rank-wrapper, which runs the rank as i
 Prints one JSON document on stdout (docs/benchmarks.md): per zero-train case its tokens/s
 (median/min/max over every timed step of every run), the best peer at the same stage and
 offload as reference, ratio, goal ratio_at_least 1.0; peak RSS per process against the peer with
-the same stage, offload and process count; every run's loss curve; model FLOP/s against a bf16
-GEMM rate when build/bench/cpu_gemm exists (`cpu_gemm --quick --reference-only`, about a second,
+the same stage, offload and process count; every run's loss curve; model FLOP/s against a GEMM
+rate (bf16, or fp32 on a CPU without bf16 products) when build/bench/cpu_gemm exists (`cpu_gemm --quick --reference-only`, about a second,
 sampled right before every zero-train run; the median of all samples is the reference, as the
 tokens/s are medians over runs spread over the same minutes). A loss table goes to stderr.
 
@@ -108,7 +110,7 @@ class Case:
         return f"{self.model} | {self.label}"
 
 
-def zero_cases(model, quick):
+def zero_cases(model, quick, dtype):
     combos = [(0, False), (2, False), (2, True), (3, False), (3, True)]
     ranks = (1, 2)
     out = []
@@ -119,36 +121,38 @@ def zero_cases(model, quick):
             if quick and r == 2 and stage == 3 and offload:
                 continue
             out.append(Case(model, "zero-train", stage, offload, r,
-                            f"zero-train stage {stage}{' + offload' if offload else ''}, bf16, "
+                            f"zero-train stage {stage}{' + offload' if offload else ''}, {dtype}, "
                             f"{r} rank{'s' if r > 1 else ''}"))
     return out
 
 
-def peer_cases(model, quick):
-    out = [Case(model, "torch", 0, False, 1, "PyTorch eager bf16 autocast, 1 process"),
-           Case(model, "torch", 0, False, 2, "PyTorch DDP bf16 autocast, 2 processes")]
+def peer_cases(model, quick, dtype):
+    how = "bf16 autocast" if dtype == "bf16" else "fp32"
+    out = [Case(model, "torch", 0, False, 1, f"PyTorch eager {how}, 1 process"),
+           Case(model, "torch", 0, False, 2, f"PyTorch DDP {how}, 2 processes")]
     for stage in (2, 3):
         for offload in (False, True):
             for procs in (1, 2):
                 if quick and (procs == 1 or (stage == 3 and offload)):
                     continue
                 out.append(Case(model, "deepspeed", stage, offload, procs,
-                                f"DeepSpeed ZeRO-{stage}{' + offload' if offload else ''} bf16, "
+                                f"DeepSpeed ZeRO-{stage}{' + offload' if offload else ''} {dtype}, "
                                 f"{procs} process{'es' if procs > 1 else ''}"))
     return out
 
 
-def case_config(base_path, case, out_dir):
-    """The model's config with the case's stage and offload, written to out_dir."""
+def case_config(base_path, case, out_dir, dtype):
+    """The model's config with the case's stage, offload and dtype, written to out_dir."""
     with open(os.path.join(REPO, base_path)) as f:
         cfg = json.load(f)
+    cfg["bf16"] = {"enabled": dtype == "bf16"}
     zo = copy.deepcopy(cfg.get("zero_optimization", {}))
     zo["stage"] = case.stage
     zo.pop("offload_optimizer", None)
     if case.offload:
         zo["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     cfg["zero_optimization"] = zo
-    name = f"{case.model}-s{case.stage}{'-off' if case.offload else ''}.json"
+    name = f"{case.model}-s{case.stage}{'-off' if case.offload else ''}-{dtype}.json"
     path = os.path.join(out_dir, name)
     with open(path, "w") as f:
         json.dump(cfg, f, indent=2)
@@ -230,6 +234,8 @@ def run_peer(a, case, cfg_path, shard, run_dir, steps):
     args = ["--config", cfg_path, "--data", shard, "--steps", str(steps), "--warmup", str(a.warmup)]
     if case.system == "deepspeed":
         args += ["--stage", str(case.stage)] + (["--offload"] if case.offload else [])
+    else:
+        args += ["--dtype", a.dtype]
     if case.procs == 1:
         cmd = [py, script] + args
     else:
@@ -309,10 +315,13 @@ def gemm_rate(a):
 
 def gemm_rate_of(doc):
     """(FLOP/s, result name) of cpu_gemm's document, or (None, why not)."""
-    # The library's own bf16 product (params.library "oneDNN bf16"), on every thread of the node
-    # (model FLOP/s counts all ranks), best over the shapes measured.
-    rows = [r for r in doc.get("results", []) if r.get("params", {}).get("library") == "oneDNN bf16"
-            and "flop" in r.get("unit", "").lower()]
+    # The rows cpu_gemm marks params.mfu_reference: oneDNN's bf16 product, or on a CPU without
+    # bf16 products the OpenBLAS fp32 product that bf16 training multiplies with there; older
+    # documents have no mark, and their reference is params.library "oneDNN bf16". On every
+    # thread of the node (model FLOP/s counts all ranks), best over the shapes measured.
+    res = [r for r in doc.get("results", []) if "flop" in r.get("unit", "").lower()]
+    rows = [r for r in res if r.get("params", {}).get("mfu_reference")] or \
+        [r for r in res if r.get("params", {}).get("library") == "oneDNN bf16"]
     most = max((r["params"].get("threads", 0) for r in rows), default=0)
     best = None
     for r in rows:
@@ -323,7 +332,7 @@ def gemm_rate_of(doc):
             if best is None or v > best[0]:
                 best = (v, r.get("name"))
     if best is None:
-        return None, "build/bench/cpu_gemm printed no bf16 FLOP/s result"
+        return None, "build/bench/cpu_gemm printed no bf16 reference FLOP/s result"
     return best, None
 
 
@@ -334,10 +343,15 @@ def build_document(a, cases, gemm_note):
     # or a case's own few, is a coin toss; the median over all of them is the machine's typical
     # rate over the minutes the runs were spread across, as the tokens/s medians are.
     samples = [r["gemm"][0] for c in cases for r in c.runs if r.get("gemm")]
+    # What was measured: oneDNN bf16, or OpenBLAS fp32 on a CPU without bf16 products (the
+    # library named at the head of cpu_gemm's result names, "<library>[ (...)], <shape>, ...").
+    libs = sorted({r["gemm"][1].split(",")[0].split(" (")[0]
+                   for c in cases for r in c.runs if r.get("gemm")})
     gemm = None
     if samples:
-        gemm = {"name": "build/bench/cpu_gemm --quick --reference-only: oneDNN bf16 on every "
-                        "thread, best of its GPT shapes; median of the samples taken right before "
+        gemm = {"name": "build/bench/cpu_gemm --quick --reference-only: " + " / ".join(libs) +
+                        " on every thread, best of its GPT shapes; median of the samples taken "
+                        "right before "
                         "every zero-train run", "median": statistics.median(samples),
                 "min": min(samples), "max": max(samples), "samples": samples}
     for model in a.models:
@@ -350,7 +364,7 @@ def build_document(a, cases, gemm_note):
         for case in ours:
             tp = throughput(case, tokens)
             params = {"model": model, "stage": case.stage, "offload": case.offload,
-                      "ranks": case.procs, "dtype": "bf16", "tokens_per_step": tokens,
+                      "ranks": case.procs, "dtype": a.dtype, "tokens_per_step": tokens,
                       "openblas_threads": 1, "steps": a.steps, "warmup": a.warmup,
                       "runs": len(case.runs), "launch": launch_of(case)}
             same = [p for p in peers if p.stage == case.stage and p.offload == case.offload
@@ -394,7 +408,7 @@ def build_document(a, cases, gemm_note):
             if tp and gemm:
                 mfu = tp["median"] * fpt
                 results.append({
-                    "name": f"model FLOP/s over the bf16 GEMM rate, {case.label}, {model}",
+                    "name": f"model FLOP/s over the GEMM reference rate, {case.label}, {model}",
                     "params": params, "metric": "fraction", "unit": "1",
                     "median": mfu / gemm["median"], "min": tp["min"] * fpt / gemm["median"],
                     "max": tp["max"] * fpt / gemm["median"], "reps": tp["reps"],
@@ -435,6 +449,7 @@ def build_document(a, cases, gemm_note):
                                "peers: cores / processes torch threads"},
         "quick": a.quick,
         "settings": {"steps": a.steps, "warmup": a.warmup, "runs": a.runs,
+                     "dtype": a.dtype, "dtype_why": a.dtype_why,
                      "configs": {m: CONFIGS[m] for m in a.models},
                      "data": "synthetic Markov language shard (write_language_shard), one per "
                              "vocabulary, read by every system in zero-train's order",
@@ -504,6 +519,27 @@ def rank_wrapper(argv):
     return os.waitstatus_to_exitcode(status) & 0xFF
 
 
+def bf16_products():
+    """(bool, why): whether this CPU has bf16 matrix products in the libraries every system here
+    uses. oneDNN 2.6 (zero-train's) has bf16 matmul from AVX-512 (avx512_core: F, BW, VL, DQ) up,
+    AVX512-BF16 and AMX natively; so does the oneDNN inside torch for its bf16 linear layers.
+    Without them zero-train widens bf16 weights to fp32 and torch's bf16 matmul falls to a
+    reference loop (measured 0.3 GFLOP/s per core against 29 for fp32 on an AVX2 EPYC,
+    2026-11-29): a bf16 run would time the peers' fallback, not the systems, and no user of this
+    CPU would train in bf16, so --dtype auto trains every system in fp32 there."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+    except OSError as e:
+        return True, f"/proc/cpuinfo unreadable ({e}); bf16 assumed"
+    need = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+    have = sorted(x for x in flags if x.startswith("avx512") or x.startswith("amx"))
+    if need <= set(flags):
+        return True, "bf16 products on this CPU (" + " ".join(have) + ")"
+    return False, ("no bf16 products on this CPU (oneDNN needs avx512_core: "
+                   + " ".join(sorted(need - set(flags))) + " missing), so fp32 for every system")
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="5 steps, 1 run, fewer cases")
@@ -518,6 +554,9 @@ def parse_args(argv):
                    " (default: both; the first only with --quick)")
     p.add_argument("--out-dir", help="keep configs, data and logs here (default: a temp dir)")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per run")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="training precision of every system (default auto: bf16 where the CPU "
+                   "has bf16 products, else fp32; see bf16_products())")
     p.add_argument("--json-out", help="also write the document here")
     a = p.parse_args(argv)
     a.argv = argv
@@ -539,6 +578,12 @@ def parse_args(argv):
         p.error(f"--zero-train {a.zero_train}: not an executable; build first (scripts/build.sh)")
     a.zero_train = os.path.join(REPO, a.zero_train) if not os.path.isabs(a.zero_train) else a.zero_train
     a.cores = os.cpu_count() or 1
+    a.bf16_products, a.dtype_why = bf16_products()
+    if a.dtype == "auto":
+        a.dtype = "bf16" if a.bf16_products else "fp32"
+        a.dtype_why = "--dtype auto: " + a.dtype_why
+    else:
+        a.dtype_why = f"--dtype {a.dtype} given ({a.dtype_why})"
     return a
 
 
@@ -559,16 +604,16 @@ def main(argv):
             # Enough windows that no sequence repeats in a run.
             n = (a.steps * c["train_batch_size"] + 64) * T + 1
             write_language_shard(shards[model], max(n, 1 << 20), vocab, seed=21)
-        cases += zero_cases(model, a.quick)
+        cases += zero_cases(model, a.quick, a.dtype)
         if a.peers_venv:
-            cases += peer_cases(model, a.quick)
+            cases += peer_cases(model, a.quick, a.dtype)
 
     # The GEMM rate is sampled right before every zero-train run; build_document sets every
     # case's MFU against the median of all samples (its comment says why).
     note = None
     for run in range(a.runs):
         for i, case in enumerate(cases):
-            cfg = case_config(CONFIGS[case.model], case, out_dir)
+            cfg = case_config(CONFIGS[case.model], case, out_dir, a.dtype)
             run_dir = os.path.join(out_dir, f"{case.model}-{i:02d}-run{run}")
             os.makedirs(run_dir, exist_ok=True)
             g = None

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """DeepSpeed on CPU, the peer of zero-train's stages 1-3 for issue 21 (CPU speed): our GPT trained
-by a DeepSpeed engine at ZeRO stage 2 (or 1 or 3), bf16, with and without optimizer offload, on
-DeepSpeed's CPU accelerator (run with DS_ACCELERATOR=cpu), on the token shard zero-train reads in
+by a DeepSpeed engine at ZeRO stage 2 (or 1 or 3), bf16 (fp32 when the config's bf16.enabled is
+false), with and without optimizer offload, on DeepSpeed's CPU accelerator (run with DS_ACCELERATOR=cpu), on the token shard zero-train reads in
 zero-train's order (cpu_common.py).
 
 The DeepSpeed config is zero-train's own ds_config.json with the stage, the offload, the
 gradient accumulation for this process count and the schedule's total_num_steps filled in, the
 zero_train section dropped: DeepSpeed's own AdamW (DeepSpeedCPUAdam with offload, else its choice
-for the CPU accelerator), its own WarmupCosineLR, gradient clipping and bf16 optimizer. Weight
-decay goes to the matrices only (two parameter groups), as zero-train's "matrices".
+for the CPU accelerator), its own WarmupCosineLR, gradient clipping and bf16 optimizer (in fp32
+its plain ZeRO optimizer). Weight decay goes to the matrices only (two parameter groups), as zero-train's "matrices".
 
 Communication: DeepSpeed's CPU accelerator names oneCCL ("ccl") as its backend, which needs
 oneccl_bindings_for_pytorch (not on PyPI for current torch); this script initialises
@@ -87,8 +87,9 @@ def run(a):
     torch.set_num_threads(threads)
     cfg = cc.RunConfig(a.config)
     ga = cfg.grad_accum(world)
-    if not cfg.bf16:
-        raise SystemExit(f"{a.config}: bf16.enabled is false; this peer measures bf16 only")
+    if cfg.raw.get("fp16", {}).get("enabled", False):
+        raise SystemExit(f"{a.config}: fp16.enabled is true; this peer measures bf16 or fp32 only")
+    dtype = "bf16" if cfg.bf16 else "fp32"
     data = cc.TokenData(a.data, cfg.shape[3], cfg.shape[4], cfg.seed)
     deepspeed.init_distributed(dist_backend="gloo")
 
@@ -99,7 +100,7 @@ def run(a):
     if rank == 0:
         cc.log(f"deepspeed_cpu: deepspeed {deepspeed.__version__}, torch {torch.__version__}, "
                f"{world} process(es) x {threads} threads, ZeRO-{a.stage}"
-               f"{' + offload' if a.offload else ''}, bf16, shape {cfg.shape}, "
+               f"{' + offload' if a.offload else ''}, {dtype}, shape {cfg.shape}, "
                f"B={cfg.micro_batch} GA={ga}, optimizer {type(engine.optimizer).__name__} / "
                f"{type(getattr(engine.optimizer, 'optimizer', engine.optimizer)).__name__}")
 
@@ -130,14 +131,14 @@ def run(a):
 
     rss = cc.gather_rss(world)
     if rank == 0:
-        name = (f"DeepSpeed ZeRO-{a.stage}{' + CPU offload' if a.offload else ''} bf16, "
+        name = (f"DeepSpeed ZeRO-{a.stage}{' + CPU offload' if a.offload else ''} {dtype}, "
                 f"{world} process{'es' if world > 1 else ''} (CPU accelerator, gloo)")
         doc = cc.document("peer_deepspeed_cpu",
                           {"name": name, "deepspeed": deepspeed.__version__,
                            "torch": torch.__version__, "comm_backend": "gloo",
                            "optimizer": type(getattr(engine.optimizer, "optimizer",
                                                      engine.optimizer)).__name__},
-                          cfg, {"dtype": "bf16", "stage": a.stage, "offload": a.offload,
+                          cfg, {"dtype": dtype, "stage": a.stage, "offload": a.offload,
                                 "steps": a.steps, "warmup": a.warmup},
                           world, threads, times, rss, losses, lrs, a.quick)
         cc.emit(doc, a.json_out)

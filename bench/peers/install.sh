@@ -35,11 +35,15 @@ DS_BUILD_OPS=0 "${pip[@]}" install --no-build-isolation deepspeed py-cpuinfo psu
 # DeepSpeed compiles its CPU ops (cpu_adam; the shared-memory collectives) just in time, into
 # torch's extension cache ($TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions), which takes
 # minutes on 2 cores: build them once here so that no benchmark run waits for a compiler.
-echo "install.sh: building DeepSpeed's CPU Adam op for the CPU accelerator" >&2
+# The shared-memory collectives op is built by every engine's start otherwise: the first
+# DeepSpeed case of a benchmark took 190 s instead of 66 (2026-11-29).
+echo "install.sh: building DeepSpeed's CPU Adam and shared-memory collectives ops" >&2
 DS_ACCELERATOR=cpu "$venv/bin/python" - <<'PY'
 import torch, deepspeed
 from deepspeed.ops.op_builder import CPUAdamBuilder
+from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder
 CPUAdamBuilder().load()
-print(f"torch {torch.__version__}, deepspeed {deepspeed.__version__}, cpu_adam built")
+ShareMemCommBuilder().load()
+print(f"torch {torch.__version__}, deepspeed {deepspeed.__version__}, cpu_adam and shm_comm built")
 PY
 echo "install.sh: peers installed in $venv; pass --peers-venv $venv to bench/cpu_speed.py" >&2
