@@ -36,17 +36,54 @@ namespace {
 
 using namespace detail;
 
-// Rows per BLAS call for row-partitioned products. Each call re-packs the whole right-hand
-// matrix; from 128 rows on that costs under ~10% against one big call (measured on the LM head,
-// 1024 x 768 x 50257 single-threaded OpenBLAS 0.3.21), while still giving 8 tasks per 1k rows.
-constexpr int64_t kGemmRows = 128;
+// Rows per BLAS call for row-partitioned products: about an eighth of the rows (8 tasks), in
+// multiples of 64, between 128 and 512. Each call re-packs the whole right-hand matrix (the
+// weight): at 128 rows that is ~8% of an fp32 step on an AVX2 EPYC (OpenBLAS's sgemm copy
+// routines, perf), so bigger products take bigger blocks. A function of the product's shape only,
+// never of the thread count, so results stay independent of it; and OpenBLAS sums each element
+// over K in the same order whatever the row split, so the split does not change results either.
+constexpr int64_t kGemmRowsMin = 128;
+constexpr int64_t kGemmRowsMax = 512;
+constexpr int64_t kGemmTasks = 8;
+int64_t gemm_rows(int64_t n) {
+  const int64_t per = ((n + kGemmTasks - 1) / kGemmTasks + 63) / 64 * 64;
+  return std::clamp(per, kGemmRowsMin, kGemmRowsMax);
+}
 // Whether fp32 products go to oneDNN instead of OpenBLAS. Measured by bench/cpu_gemm, one thread
 // per call: oneDNN 0.54-2.6x OpenBLAS, no consistent win. Kept off also because
 // OPENBLAS_CORETYPE makes fp32 runs reproducible across machines, while oneDNN's blocking follows
 // the detected caches (docs/models.md, "Matrix products on the cpu backend").
 constexpr bool kF32OnDnnl = false;
-// Output tile edge of the weight-gradient products (x^T dy): 256 x 256 F of scratch per tile.
-constexpr int64_t kTile = 256;
+// Output tiles of the weight-gradient products g[M,Nc] += A^T B (A [K,M], B [K,Nc]): a tile
+// grid of tm x tn packs A tn times and B tm times, so the grid is the one of at least kGemmTasks
+// tiles (fewer when the product is small) that packs the fewest elements, tile edges in
+// multiples of 64 and at least 64. Square 256 x 256 tiles packed the tied head's dy 2 and x 32
+// times (64M floats for a 17 GFLOP product at V 8192); its best grid, 8 x 1, packs 24M.
+constexpr int64_t kTileAlign = 64;
+struct TileGrid {
+  int64_t rows, cols;  // tile edges
+};
+TileGrid tile_grid(int64_t M, int64_t Nc) {
+  const int64_t um = (M + kTileAlign - 1) / kTileAlign, un = (Nc + kTileAlign - 1) / kTileAlign;
+  const int64_t want = std::min(kGemmTasks, um * un);
+  TileGrid best{kTileAlign * um, kTileAlign * un};
+  int64_t best_cost = -1;
+  for (int64_t tm = 1; tm <= um; ++tm) {
+    const int64_t rows = (um + tm - 1) / tm * kTileAlign;
+    for (int64_t tn = 1; tn <= un; ++tn) {
+      const int64_t cols = (un + tn - 1) / tn * kTileAlign;
+      const int64_t gm = (M + rows - 1) / rows, gn = (Nc + cols - 1) / cols;
+      if (gm * gn < want) continue;
+      const int64_t cost = gn * M + gm * Nc;
+      if (best_cost < 0 || cost < best_cost) {
+        best_cost = cost;
+        best = {rows, cols};
+      }
+      break;  // more column tiles only pack A more often
+    }
+  }
+  return best;
+}
 // Rows per partial in sum_rows, and columns per task when the partials are added up.
 constexpr int64_t kSumRows = 64;
 constexpr int64_t kSumCols = 256;
@@ -140,10 +177,11 @@ void sum_rows(int64_t rows, int64_t width, F* out, const AddRow& add_row) {
 // product per fixed output tile into fp32 scratch, then one rounded add per element.
 template <class F>
 void add_at_b(Grad<F> g, int64_t M, int64_t Nc, int64_t K, const Mat& A, const Mat& B) {
-  const int64_t tm = (M + kTile - 1) / kTile, tn = (Nc + kTile - 1) / kTile;
+  const TileGrid grid = tile_grid(M, Nc);
+  const int64_t tm = (M + grid.rows - 1) / grid.rows, tn = (Nc + grid.cols - 1) / grid.cols;
   tbb::parallel_for(int64_t{0}, tm * tn, [&](int64_t tile) {
-    const int64_t i0 = (tile / tn) * kTile, j0 = (tile % tn) * kTile;
-    const int64_t mi = std::min(kTile, M - i0), nj = std::min(kTile, Nc - j0);
+    const int64_t i0 = (tile / tn) * grid.rows, j0 = (tile % tn) * grid.cols;
+    const int64_t mi = std::min(grid.rows, M - i0), nj = std::min(grid.cols, Nc - j0);
     const auto buf = scratch<F>(mi * nj);
     product<F>(true, false, mi, nj, K, at(A, i0), at(B, j0), false, buf.get(), nj);
     for (int64_t r = 0; r < mi; ++r) g.add((i0 + r) * Nc + j0, buf.get() + r * nj, nj);
@@ -348,7 +386,7 @@ void linear_forward(F* y, const F* x, Param<F> w, Param<F> b, bool has_bias, int
   const Mat wm = weight(w, C * OC, OC, pt, wbuf);
   const Mat xm = operand(x, N * C, C, pt, xbuf);
   const F* bd = has_bias ? b.dense(OC, bbuf) : nullptr;
-  for_blocks(N, kGemmRows, [&](int64_t r0, int64_t r1) {
+  for_blocks(N, gemm_rows(N), [&](int64_t r0, int64_t r1) {
     F* yb = y + r0 * OC;
     if (bd)
       for (int64_t r = r0; r < r1; ++r) std::copy_n(bd, OC, y + r * OC);
@@ -363,7 +401,7 @@ void linear_backward_input(F* dx, const F* dy, Param<F> w, int64_t N, int64_t C,
   std::unique_ptr<uint16_t[]> dybuf;
   const Mat wm = weight(w, C * OC, OC, pt, wbuf);
   const Mat dym = operand(dy, N * OC, OC, pt, dybuf);
-  for_blocks(N, kGemmRows, [&](int64_t r0, int64_t r1) {
+  for_blocks(N, gemm_rows(N), [&](int64_t r0, int64_t r1) {
     product<F>(false, true, r1 - r0, C, OC, at(dym, r0 * OC), wm, false, dx + r0 * C, C);
   });
 }
@@ -400,7 +438,7 @@ void linear_t_forward(F* y, const F* x, Param<F> w, int64_t N, int64_t C, int64_
   std::unique_ptr<uint16_t[]> xbuf;
   const Mat wm = weight(w, V * C, C, pt, wbuf);
   const Mat xm = operand(x, N * C, C, pt, xbuf);
-  for_blocks(N, kGemmRows, [&](int64_t r0, int64_t r1) {
+  for_blocks(N, gemm_rows(N), [&](int64_t r0, int64_t r1) {
     product<F>(false, true, r1 - r0, V, C, at(xm, r0 * C), wm, false, y + r0 * V, V);
   });
 }
@@ -412,7 +450,7 @@ void linear_t_backward_input(F* dx, const F* dy, Param<F> w, int64_t N, int64_t 
   std::unique_ptr<uint16_t[]> dybuf;
   const Mat wm = weight(w, V * C, C, pt, wbuf);
   const Mat dym = operand(dy, N * V, V, pt, dybuf);
-  for_blocks(N, kGemmRows, [&](int64_t r0, int64_t r1) {
+  for_blocks(N, gemm_rows(N), [&](int64_t r0, int64_t r1) {
     product<F>(false, false, r1 - r0, C, V, at(dym, r0 * V), wm, false, dx + r0 * C, C);
   });
 }
