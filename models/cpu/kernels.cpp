@@ -59,13 +59,18 @@ constexpr bool kF32OnDnnl = false;
 // tiles (fewer when the product is small) that packs the fewest elements, tile edges in
 // multiples of 64 and at least 64. Square 256 x 256 tiles packed the tied head's dy 2 and x 32
 // times (64M floats for a 17 GFLOP product at V 8192); its best grid, 8 x 1, packs 24M.
+// The grid also has at least area / kTileMaxElems tiles (tiles of about 4 MiB of fp32 scratch at
+// most), so a wide head (GPT-2's 50257 x 768: 38 tiles of 1344 x 768) takes more tiles rather
+// than tens of MiB of scratch per thread.
 constexpr int64_t kTileAlign = 64;
+constexpr int64_t kTileMaxElems = int64_t{1} << 20;
 struct TileGrid {
   int64_t rows, cols;  // tile edges
 };
 TileGrid tile_grid(int64_t M, int64_t Nc) {
   const int64_t um = (M + kTileAlign - 1) / kTileAlign, un = (Nc + kTileAlign - 1) / kTileAlign;
-  const int64_t want = std::min(kGemmTasks, um * un);
+  const int64_t want =
+      std::min(um * un, std::max(kGemmTasks, (M * Nc + kTileMaxElems - 1) / kTileMaxElems));
   TileGrid best{kTileAlign * um, kTileAlign * un};
   int64_t best_cost = -1;
   for (int64_t tm = 1; tm <= um; ++tm) {
@@ -177,6 +182,7 @@ void sum_rows(int64_t rows, int64_t width, F* out, const AddRow& add_row) {
 // product per fixed output tile into fp32 scratch, then one rounded add per element.
 template <class F>
 void add_at_b(Grad<F> g, int64_t M, int64_t Nc, int64_t K, const Mat& A, const Mat& B) {
+  if (M <= 0 || Nc <= 0) return;  // no tiles (tile_grid has no edge to give)
   const TileGrid grid = tile_grid(M, Nc);
   const int64_t tm = (M + grid.rows - 1) / grid.rows, tn = (Nc + grid.cols - 1) / grid.cols;
   tbb::parallel_for(int64_t{0}, tm * tn, [&](int64_t tile) {
