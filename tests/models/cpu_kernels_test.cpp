@@ -5,7 +5,9 @@
 // each op. Inputs come from fixed seeds and are rounded to float, so the fp32 kernels can be
 // compared with the fp64 ones on the very same values.
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
+#include <tbb/global_control.h>
 
 #include <algorithm>
 #include <cmath>
@@ -535,5 +537,89 @@ TEST_CASE("fp32 kernels agree with fp64 kernels") {
   for (const auto& [name, want] : ref) {
     INFO(name);
     CHECK(rel_diff(want, f32.at(name)) <= 4e-6);
+  }
+}
+
+// The products' blocks and tiles (kernels.cpp: gemm_rows, tile_grid) on shapes the small inputs
+// above never reach: a head of more than 8M elements at few rows (its weight-gradient grid then
+// has more than the usual 8 tiles: 10 of 1664 x 640 here) and 2000 rows (row blocks of 256, the
+// last one short). Each element is checked against its fp64 sum with the bound that holds for any
+// order of fp32 summation of K products, (K + 2) * 2^-24 * sum |terms| (the products and the
+// final store rounded too), and 1 and 2 threads must give the same bits.
+TEST_CASE("wide and tall products: within the fp32 summation bound, same bits on 1 and 2 threads") {
+  struct Shape {
+    int64_t N, C, V;
+  };
+  const Shape shape = GENERATE(Shape{8, 640, 16384}, Shape{2000, 96, 80});
+  const int64_t n = shape.N, c = shape.C, v = shape.V;
+  INFO("N " << n << ", C " << c << ", V " << v);
+  const auto to_f = [](const Vec& a) { return std::vector<float>(a.begin(), a.end()); };
+  const Vec x = random_vec(n * c, 201), w = random_vec(v * c, 202), dy = random_vec(n * v, 203);
+  const Vec dw0 = random_vec(v * c, 204);  // gradients accumulate: start from nonzero values
+  const auto xf = to_f(x), wf = to_f(w), dyf = to_f(dy);
+  struct Out {
+    std::vector<float> y, dx, dw;
+  };
+  const auto run = [&](size_t threads) {
+    const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
+    Out o{std::vector<float>(n * v), std::vector<float>(n * c), to_f(dw0)};
+    kern::linear_t_forward<float>(o.y.data(), xf.data(), wf.data(), n, c, v);
+    kern::linear_t_backward<float>(o.dx.data(), o.dw.data(), dyf.data(), xf.data(), wf.data(), n, c,
+                                   v);
+    return o;
+  };
+  const Out one = run(1), two = run(2);
+  CHECK(one.y == two.y);
+  CHECK(one.dx == two.dx);
+  CHECK(one.dw == two.dw);
+
+  // An element of a K-term product against its fp64 sum; counts the elements outside the bound.
+  int64_t outside = 0;
+  const auto check = [&](double got, double exact, double abs_sum, int64_t K) {
+    const double bound = double(K + 2) * std::ldexp(1.0, -24) * abs_sum;
+    if (std::abs(got - exact) > bound) ++outside;
+  };
+  for (int64_t i = 0; i < n; ++i)  // y = x w^T and dx = dy w: K = C and K = V
+    for (int64_t j = 0; j < v; ++j) {
+      double s = 0, a = 0;
+      for (int64_t k = 0; k < c; ++k)
+        s += x[i * c + k] * w[j * c + k], a += std::abs(x[i * c + k] * w[j * c + k]);
+      check(one.y[i * v + j], s, a, c);
+    }
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < c; ++k) {
+      double s = 0, a = 0;
+      for (int64_t j = 0; j < v; ++j)
+        s += dy[i * v + j] * w[j * c + k], a += std::abs(dy[i * v + j] * w[j * c + k]);
+      check(one.dx[i * c + k], s, a, v);
+    }
+  for (int64_t j = 0; j < v; ++j)  // dw += dy^T x: K = N, plus the old value
+    for (int64_t k = 0; k < c; ++k) {
+      double s = dw0[j * c + k], a = std::abs(dw0[j * c + k]);
+      for (int64_t i = 0; i < n; ++i)
+        s += dy[i * v + j] * x[i * c + k], a += std::abs(dy[i * v + j] * x[i * c + k]);
+      check(one.dw[j * c + k], s, a, n + 1);
+    }
+  CHECK(outside == 0);
+}
+
+TEST_CASE("empty products: no rows or no output columns leave gradients as they were") {
+  const Vec x = random_vec(N * C, 301), w = random_vec(C * OC, 302), b = random_vec(OC, 303);
+  const Vec dw0 = random_vec(C * OC, 304), db0 = random_vec(OC, 305);
+  SECTION("no rows") {
+    Vec y, dy, dx, dw = dw0, db = db0;
+    kern::linear_forward<double>(y.data(), x.data(), w.data(), b.data(), true, 0, C, OC);
+    kern::linear_backward<double>(dx.data(), dw.data(), db.data(), true, dy.data(), x.data(),
+                                  w.data(), 0, C, OC);
+    CHECK(dw == dw0);
+    CHECK(db == db0);
+  }
+  SECTION("no output columns") {
+    Vec y, dy(N * 0), dx(N * C, 7.0), dw, db;
+    kern::linear_forward<double>(y.data(), x.data(), w.data(), b.data(), true, N, C, 0);
+    kern::linear_backward<double>(dx.data(), dw.data(), db.data(), true, dy.data(), x.data(),
+                                  w.data(), N, C, 0);
+    // dx = dy @ w^T with nothing to sum: zeros.
+    CHECK(max_abs(dx) == 0);
   }
 }
